@@ -1,0 +1,17 @@
+"""src_dask: compressed products of tensor trains by successive randomized
+compression (SRC), run as a Dask task graph.
+
+>>> import src_dask
+>>> y = src_dask.apply(mpo, mps, chi_out=64)           # doctest: +SKIP
+>>> y = src_dask.src(A, B, C, psi, chi_out=128, oversample="auto")  # doctest: +SKIP
+"""
+
+import logging
+
+from ._api import apply, compress, src
+from .trains import TensorTrain
+
+__all__ = ["TensorTrain", "apply", "compress", "src"]
+__version__ = "0.1.0"
+
+logging.getLogger("src_dask").addHandler(logging.NullHandler())

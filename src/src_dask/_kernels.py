@@ -1,0 +1,264 @@
+"""Per-site contractions of SRC as functions of NumPy or CuPy blocks.
+
+Index names follow DESIGN.md §1 for a ket stack of depth ``k`` padded to rank 4:
+core ``T_i[a_i, b_i, x_{i-1}, x_i]``, sketch environment ``C[s, a_1..a_k]``,
+Gaussian block ``Ω[s, x_0, x_k]``, right environment ``S[r, b_1..b_k]``.
+
+Pass 2 forms the *projected core* ``Z[a.., r, x_0, x_k] = Π_i T_i · S`` once per
+site; the sketch ``M = C·Z`` and the next environment ``S' = conj(η)·Z`` are
+then two plain GEMMs. That costs about 25% fewer FLOPs than contracting ``M``
+and ``S'`` separately and keeps the big products in BLAS/cuBLAS.
+
+Every kernel is written once against the array namespace of its inputs
+(``numpy`` or ``cupy``); contraction orders are planned by opt_einsum once per
+shape and executed as batched matrix products.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+from typing import Any
+
+import numpy as np
+import opt_einsum as oe
+
+from . import _random
+
+
+# -- array namespace ----------------------------------------------------------
+def is_in_memory(x: Any) -> bool:
+    """True for NumPy and CuPy arrays (not lazy Dask or Zarr arrays)."""
+    return isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy")
+
+
+def xp_of(x: Any):
+    """``numpy`` or ``cupy``, whichever ``x`` belongs to."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def all_finite(x: Any) -> bool:
+    if np.dtype(x.dtype).kind not in "fc":
+        return True
+    return bool(xp_of(x).isfinite(x).all())
+
+
+# -- contraction engine -------------------------------------------------------
+@lru_cache(maxsize=512)
+def _plan(eq: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[list[tuple], str]:
+    """Pairwise steps for ``eq``; each step: positions, terms, transposes, shapes."""
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    sizes = {c: d for t, s in zip(terms, shapes, strict=True) for c, d in zip(t, s, strict=True)}
+    optimize = "optimal" if len(terms) <= 6 else "dp"
+    path, _ = oe.contract_path(eq, *shapes, shapes=True, optimize=optimize)
+    steps = []
+    for pos in path:
+        picked = [terms[p] for p in pos]
+        rest = [t for i, t in enumerate(terms) if i not in pos]
+        keep = set(out).union(*rest)
+        if len(picked) == 1:
+            (ta,) = picked
+            tr = "".join(c for c in dict.fromkeys(ta) if c in keep)
+            steps.append((pos, "einsum", f"{ta}->{tr}"))
+        else:
+            ta, tb = picked
+            both = [c for c in ta if c in tb]
+            batch = [c for c in both if c in keep]
+            contr = [c for c in both if c not in keep]
+            fa = [c for c in ta if c not in tb and c in keep]
+            fb = [c for c in tb if c not in ta and c in keep]
+            sum_a = tuple(i for i, c in enumerate(ta) if c not in tb and c not in keep)
+            sum_b = tuple(i for i, c in enumerate(tb) if c not in ta and c not in keep)
+            ta_s = "".join(c for i, c in enumerate(ta) if i not in sum_a)
+            tb_s = "".join(c for i, c in enumerate(tb) if i not in sum_b)
+            perm_a = tuple(ta_s.index(c) for c in batch + fa + contr)
+            perm_b = tuple(tb_s.index(c) for c in batch + contr + fb)
+            nb, nfa = prod(sizes[c] for c in batch), prod(sizes[c] for c in fa)
+            nc, nfb = prod(sizes[c] for c in contr), prod(sizes[c] for c in fb)
+            tr = "".join(batch + fa + fb)
+            steps.append((pos, "matmul", (sum_a, sum_b, perm_a, perm_b, (nb, nfa, nc),
+                                          (nb, nc, nfb), tuple(sizes[c] for c in tr))))
+        terms = rest + [tr]
+    (final,) = terms
+    return steps, "".join(final)
+
+
+def contract(eq: str, *arrays: Any) -> Any:
+    """``einsum(eq, *arrays)`` along opt_einsum's path, each pair as a (batched) GEMM."""
+    xp = xp_of(arrays[0])
+    steps, final = _plan(eq, tuple(tuple(a.shape) for a in arrays))
+    ops = list(arrays)
+    for pos, how, spec in steps:
+        picked = [ops[p] for p in pos]
+        ops = [a for i, a in enumerate(ops) if i not in pos]
+        if how == "einsum":
+            ops.append(xp.einsum(spec, *picked))
+            continue
+        sum_a, sum_b, perm_a, perm_b, shape_a, shape_b, shape_out = spec
+        a, b = picked
+        if sum_a:
+            a = a.sum(axis=sum_a)
+        if sum_b:
+            b = b.sum(axis=sum_b)
+        a = a.transpose(perm_a).reshape(shape_a)
+        b = b.transpose(perm_b).reshape(shape_b)
+        ops.append(xp.matmul(a, b).reshape(shape_out))
+    (res,) = ops
+    out = eq.split("->")[1]
+    return res.transpose(tuple(final.index(c) for c in out))
+
+
+# Letters for a, b and x; s, r and l are reserved for the sketch and bond axes.
+_LETTERS = [c for c in map(oe.get_symbol, range(400)) if c not in "srl"]
+
+
+@lru_cache(maxsize=64)
+def _symbols(k: int) -> tuple[str, str, str]:
+    """Index letters ``a_1..a_k``, ``b_1..b_k``, ``x_0..x_k`` for depth ``k``."""
+    return "".join(_LETTERS[:k]), "".join(_LETTERS[k:2 * k]), "".join(_LETTERS[2 * k:3 * k + 1])
+
+
+def _core_terms(k: int) -> list[str]:
+    a, b, x = _symbols(k)
+    return [a[i] + b[i] + x[i] + x[i + 1] for i in range(k)]
+
+
+# -- input preparation ---------------------------------------------------------
+def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, dtype: np.dtype,
+                 check: bool, name: str) -> Any:
+    """A site core padded to rank 4 ``(a, b, up, down)`` in the working dtype.
+
+    Lazy inputs (Dask, Zarr) reach here unread, so ``check`` tests their data
+    for NaN/inf here; in-memory inputs were checked before the run.
+    """
+    if check and not all_finite(block):
+        raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
+    if site == 0:
+        block = block[None]
+    if site == n - 1:
+        block = block[:, None]
+    if kind == "mps":
+        block = block[..., None]
+    if transpose:
+        block = block.swapaxes(2, 3)
+    return xp_of(block).ascontiguousarray(block.astype(dtype, copy=False))
+
+
+# -- pass 1: sketched left environments ----------------------------------------
+def sketch_step(env: Any | None, cores: list[Any], key: int, site: int, start: int,
+                stop: int) -> Any:
+    """``C_{j+1}[s, b..] = Σ C_j[s, a..] Ω_j[s, x_0, x_k] Π T_i[j]`` for columns start:stop.
+
+    ``env`` is None at site 0, where ``C_0 = 1``.
+    """
+    k = len(cores)
+    a, b, x = _symbols(k)
+    xp = xp_of(cores[0])
+    dtype = cores[0].dtype
+    up, down = cores[0].shape[2], cores[-1].shape[3]
+    omega = xp.asarray(_random.sketch_block(key, site, start, stop, (up, down), dtype),
+                       dtype=dtype)
+    if env is None:
+        env = xp.ones((stop - start,) + (1,) * k, dtype=dtype)
+    eq = f"s{a},s{x[0]}{x[k]}," + ",".join(_core_terms(k)) + f"->s{b}"
+    return contract(eq, env, omega, *cores)
+
+
+# -- pass 2: projection, orthonormalisation, environment update ----------------
+def project_core(cores: list[Any], env: Any | None) -> Any:
+    """``Z[a.., r, x_0, x_k] = Σ Π T_i[j] · S[r, b..]``; ``env`` None means ``S = 1``."""
+    k = len(cores)
+    a, b, x = _symbols(k)
+    xp = xp_of(cores[0])
+    if env is None:
+        env = xp.ones((1,) * (k + 1), dtype=cores[0].dtype)
+    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+    return contract(eq, *cores, env)
+
+
+def _as_matrix(z: Any, k: int) -> Any:
+    """``Z`` as a (Π a) × (R·U·D) matrix."""
+    rows = prod(z.shape[:k])
+    return z.reshape(rows, -1)
+
+
+def sketch_piece(env: Any, z: Any) -> Any:
+    """Columns ``start:stop`` of the sketch, transposed: ``Mᵀ = C · Z`` of shape (s_c, R·U·D)."""
+    k = env.ndim - 1
+    return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
+
+
+def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int) -> Any:
+    """``η[q, r, x_0, x_k]``: an orthonormal basis of the sketch's range, as rows.
+
+    ``max_rank`` bounds the rank of the exact product at this cut (the product
+    of the input bonds, or of the physical dimensions to the left); a wider
+    sketch keeps only that many of its leading directions, so bonds never
+    exceed what the product can have. With ``cutoff > 0`` directions whose
+    singular values (of the triangular factor) fall below ``cutoff · σ_max``
+    are dropped too, keeping at least one.
+    """
+    xp = xp_of(pieces[0])
+    mt = xp.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
+    if not all_finite(mt):
+        raise FloatingPointError("the sketch contains NaN or inf (overflow in the inputs?)")
+    q, r = xp.linalg.qr(mt.T)
+    if cutoff > 0 or q.shape[1] > max_rank:
+        u, sv, _ = xp.linalg.svd(r, full_matrices=False)
+        keep = min(max_rank, sv.shape[0])
+        if cutoff > 0 and sv[0] > 0:
+            keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
+        q = q @ u[:, :keep]
+    return xp.ascontiguousarray(q.T).reshape(q.shape[1], -1, up, down)
+
+
+def update_env(eta: Any, z: Any) -> Any:
+    """``S'[l, a..] = Σ conj(η)[l, r, x_0, x_k] Z[a.., r, x_0, x_k]``."""
+    k = z.ndim - 3
+    q = eta.shape[0]
+    s = eta.reshape(q, -1).conj() @ _as_matrix(z, k).T
+    return s.reshape((q,) + tuple(z.shape[:k]))
+
+
+def first_core(z: Any) -> Any:
+    """The output's site 0, ``y_0[1, r, x_0, x_k]``, from its projected core."""
+    return z.reshape((1,) + tuple(z.shape[-3:]))
+
+
+# -- exact rounding (oversampled runs) -----------------------------------------
+def round_step(carry: Any | None, core: Any, chi: int, cutoff: float,
+               last: bool) -> tuple[Any, Any | None]:
+    """One step of the left-to-right SVD sweep: ``(new core, carry to the right)``.
+
+    The input is right-canonical, so each SVD sees the true singular values of
+    its cut and the truncation to ``chi`` there is optimal.
+    """
+    xp = xp_of(core)
+    if carry is not None:
+        core = contract("lm,mrud->lrud", carry, core)
+    if last:
+        return core, None
+    left, right, up, down = core.shape
+    mat = core.transpose(0, 2, 3, 1).reshape(left * up * down, right)
+    u, sv, vh = xp.linalg.svd(mat, full_matrices=False)
+    keep = min(chi, sv.shape[0])
+    if cutoff > 0 and sv[0] > 0:
+        keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
+    new = u[:, :keep].reshape(left, up, down, keep).transpose(0, 3, 1, 2)
+    return xp.ascontiguousarray(new), sv[:keep, None] * vh[:keep]
+
+
+def unpad(core: Any, kind: str, site: int, n: int) -> Any:
+    """Drop the padded legs: back to quimb's layouts for an MPS or MPO result."""
+    if kind == "mps":
+        core = core[..., 0]
+    if site == n - 1:
+        core = core[:, 0]
+    if site == 0:
+        core = core[0]
+    return core

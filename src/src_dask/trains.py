@@ -1,0 +1,231 @@
+"""Tensor trains: the container for per-site cores and its conversions.
+
+A train is an MPS or an MPO stored as a list of per-site arrays in quimb's
+default layouts (DESIGN.md §1)::
+
+    MPS   first (r, p)      middle (l, r, p)      last (l, p)
+    MPO   first (r, u, d)   middle (l, r, u, d)   last (l, u, d)
+
+``u`` is the output (row) leg of an MPO and ``d`` its input (column) leg. The
+cores may be NumPy, CuPy, Dask or Zarr arrays; a train never copies or modifies
+them, so a train opened from disk stays lazy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+Kind = Literal["mps", "mpo"]
+
+#: Rank of (first, middle, last) site cores for each kind of train.
+_RANKS: dict[str, tuple[int, int, int]] = {"mps": (2, 3, 2), "mpo": (3, 4, 3)}
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")
+
+
+def _site_role(site: int, n: int) -> int:
+    """0 for the first site, 2 for the last, 1 in between."""
+    return 0 if site == 0 else 2 if site == n - 1 else 1
+
+
+def _left_bond(core: Any, site: int) -> int:
+    return 1 if site == 0 else int(core.shape[0])
+
+
+def _right_bond(core: Any, site: int, n: int) -> int:
+    if site == n - 1:
+        return 1
+    return int(core.shape[0 if site == 0 else 1])
+
+
+class TensorTrain(Sequence):
+    """An MPS or MPO as a sequence of per-site arrays in quimb's layouts.
+
+    ``len(tt)``, ``tt[j]`` and iteration give the site cores unchanged. The
+    constructor checks ranks and bonds, naming the site that is wrong.
+
+    Parameters
+    ----------
+    cores
+        One array per site (at least two sites).
+    kind
+        ``"mps"`` or ``"mpo"``; inferred from the rank of the first core when
+        omitted.
+    name
+        How error messages refer to this train (for example ``"trains[1]"``).
+    """
+
+    def __init__(self, cores: Sequence[Any], kind: Kind | None = None, *, name: str = "train"):
+        cores = list(cores)
+        if len(cores) < 2:
+            raise ValueError(f"{name}: a train needs at least 2 sites, got {len(cores)}")
+        for j, core in enumerate(cores):
+            if not _is_array(core):
+                raise TypeError(
+                    f"{name}, site {j}: expected an array, got {type(core).__name__}"
+                )
+        if kind is None:
+            kind = {2: "mps", 3: "mpo"}.get(cores[0].ndim)
+            if kind is None:
+                raise ValueError(
+                    f"{name}, site 0: rank {cores[0].ndim}; a first site has rank 2 "
+                    "(MPS (r, p)) or 3 (MPO (r, u, d))"
+                )
+        if kind not in _RANKS:
+            raise ValueError(f"{name}: kind must be 'mps' or 'mpo', got {kind!r}")
+        n = len(cores)
+        ranks = _RANKS[kind]
+        for j, core in enumerate(cores):
+            want = ranks[_site_role(j, n)]
+            if core.ndim != want:
+                raise ValueError(
+                    f"{name}, site {j}: an {kind.upper()} core here has rank {want}, "
+                    f"got rank {core.ndim} with shape {tuple(core.shape)}"
+                )
+            if min(core.shape, default=1) < 1:
+                raise ValueError(f"{name}, site {j}: empty core of shape {tuple(core.shape)}")
+        for j in range(n - 1):
+            r, l = _right_bond(cores[j], j, n), _left_bond(cores[j + 1], j + 1)
+            if r != l:
+                raise ValueError(
+                    f"{name}, site {j}: right bond {r} does not match the left bond {l} "
+                    f"of site {j + 1}"
+                )
+        self._cores = cores
+        self._kind: Kind = kind
+        self.name = name
+
+    # -- sequence protocol ------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._cores)
+
+    def __getitem__(self, j):  # type: ignore[override]
+        return self._cores[j]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cores)
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorTrain(kind={self.kind!r}, sites={len(self)}, "
+            f"bonds={self.bond_dims}, phys={self.phys_dims}, dtype={self.dtype})"
+        )
+
+    # -- properties -------------------------------------------------------
+    @property
+    def kind(self) -> Kind:
+        """``"mps"`` or ``"mpo"``."""
+        return self._kind
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.result_type(*[np.dtype(c.dtype) for c in self._cores])
+
+    @property
+    def bond_dims(self) -> list[int]:
+        """The ``n - 1`` bond dimensions between neighbouring sites."""
+        n = len(self)
+        return [_right_bond(c, j, n) for j, c in enumerate(self._cores[:-1])]
+
+    @property
+    def phys_dims(self) -> list[tuple[int, ...]]:
+        """Per site ``(p,)`` for an MPS, ``(u, d)`` for an MPO."""
+        k = 1 if self.kind == "mps" else 2
+        return [tuple(int(s) for s in c.shape[-k:]) for c in self._cores]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize for c in self._cores)
+
+    # -- conversions ------------------------------------------------------
+    def to_numpy(self) -> list[np.ndarray]:
+        """The cores as NumPy arrays (computing Dask and reading Zarr cores)."""
+        return [_to_numpy(c) for c in self._cores]
+
+    def to_quimb(self):
+        """The train as a quimb ``MatrixProductState`` or ``MatrixProductOperator``."""
+        import quimb.tensor as qtn
+
+        arrays = self.to_numpy()
+        if self.kind == "mps":
+            return qtn.MatrixProductState(arrays, shape="lrp")
+        return qtn.MatrixProductOperator(arrays, shape="lrud")
+
+    def to_dense(self) -> np.ndarray:
+        """The full vector (MPS) or matrix (MPO, rows = up legs); for small trains only.
+
+        Site 0 is the most significant index, as in quimb's ``to_dense``.
+        """
+        n = len(self)
+        if self.kind == "mps":
+            acc = np.ones((1, 1))
+            for j, a in enumerate(self.to_numpy()):
+                a = _pad_ends(a, j, n)  # (l, r, p)
+                acc = np.einsum("lP,lrp->rPp", acc, a).reshape(a.shape[1], -1)
+            return acc[0]
+        acc = np.ones((1, 1, 1))
+        for j, a in enumerate(self.to_numpy()):
+            a = _pad_ends(a, j, n)  # (l, r, u, d)
+            acc = np.einsum("lUD,lrud->rUuDd", acc, a)
+            acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
+        return acc[0]
+
+
+def _pad_ends(a: np.ndarray, j: int, n: int) -> np.ndarray:
+    """A core with size-1 bonds added at the ends of the train: (l, r, ...)."""
+    if j == 0:
+        a = a[None]
+    if j == n - 1:
+        a = a[:, None]
+    return a
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "compute") and not isinstance(x, np.ndarray):
+        x = x.compute()
+    if hasattr(x, "get") and type(x).__module__.startswith("cupy"):
+        x = x.get()
+    return np.asarray(x)
+
+
+def _from_quimb(tn: Any, name: str) -> TensorTrain:
+    """Cores of a quimb MPS or MPO, transposed into this package's layouts."""
+    cls = type(tn).__name__
+    if getattr(tn, "cyclic", False):
+        raise ValueError(f"{name}: cyclic (periodic) {cls} is not supported")
+    n = tn.L
+    if n < 2:
+        raise ValueError(f"{name}: a train needs at least 2 sites, got {n}")
+    is_mpo = hasattr(tn, "upper_ind") and hasattr(tn, "lower_ind")
+    cores = []
+    for j in range(n):
+        t = tn[j]
+        bonds = ([tn.bond(j - 1, j)] if j > 0 else []) + ([tn.bond(j, j + 1)] if j < n - 1 else [])
+        phys = [tn.upper_ind(j), tn.lower_ind(j)] if is_mpo else [tn.site_ind(j)]
+        cores.append(t.transpose(*bonds, *phys).data)
+    return TensorTrain(cores, "mpo" if is_mpo else "mps", name=name)
+
+
+def as_train(x: Any, *, name: str = "train") -> TensorTrain:
+    """Whatever a user passes as a train, as a :class:`TensorTrain`.
+
+    Accepts a TensorTrain, a quimb ``MatrixProductState`` or
+    ``MatrixProductOperator``, or a sequence of per-site arrays (NumPy, CuPy,
+    Dask or Zarr).
+    """
+    if isinstance(x, TensorTrain):
+        return x
+    module = type(x).__module__
+    if module.startswith("quimb") and hasattr(x, "L"):
+        return _from_quimb(x, name)
+    if _is_array(x) or isinstance(x, (str, bytes, dict)) or not isinstance(x, Sequence):
+        raise TypeError(
+            f"{name}: expected a train (a sequence of per-site arrays, a quimb MPS/MPO or a "
+            f"TensorTrain), got {type(x).__name__}"
+        )
+    return TensorTrain(x, name=name)
