@@ -63,7 +63,7 @@ def _task(func, *args, key: tuple, **kwargs) -> Delayed:
 def build(stack: Stack, plan: Plan) -> list[Delayed]:
     """Delayed output cores (quimb layouts, host arrays) of SRC on ``stack``."""
     token = uuid.uuid4().hex
-    n, k = stack.n, stack.depth
+    n = stack.n
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"

@@ -90,10 +90,10 @@ class TensorTrain(Sequence):
             if min(core.shape, default=1) < 1:
                 raise ValueError(f"{name}, site {j}: empty core of shape {tuple(core.shape)}")
         for j in range(n - 1):
-            r, l = _right_bond(cores[j], j, n), _left_bond(cores[j + 1], j + 1)
-            if r != l:
+            right, left = _right_bond(cores[j], j, n), _left_bond(cores[j + 1], j + 1)
+            if right != left:
                 raise ValueError(
-                    f"{name}, site {j}: right bond {r} does not match the left bond {l} "
+                    f"{name}, site {j}: right bond {right} does not match the left bond {left} "
                     f"of site {j + 1}"
                 )
         self._cores = cores
