@@ -22,12 +22,13 @@ from __future__ import annotations
 import operator
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
 
 from . import _kernels as K
 from ._stack import Stack
@@ -56,14 +57,42 @@ def _lazy(core: Any) -> Any:
     return da.from_array(core, chunks=getattr(core, "chunks", "auto"), asarray=False)
 
 
-def _task(func, *args, key: tuple, **kwargs) -> Delayed:
-    return dask.delayed(func, pure=True)(*args, dask_key_name=key, **kwargs)
+class _Graph:
+    """A task graph under construction: keys, tasks and the input collections."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[Any, tuple] = {}
+        self.inputs: list[da.Array] = []
+
+    def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
+        """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None)."""
+        self.tasks[key] = (partial(func, **static) if static else func, *deps)
+        return key
+
+    def array(self, x: Any) -> Any:
+        """A key holding array ``x`` whole; lazy arrays are read only when it runs."""
+        x = _lazy(x)
+        if K.is_in_memory(x):
+            key = ("src_input-" + uuid.uuid4().hex,)
+            self.tasks[key] = x
+            return key
+        x = x.rechunk(x.shape)
+        self.inputs.append(x)
+        return (x.name,) + (0,) * x.ndim
+
+    def delayed(self, key: str) -> Delayed:
+        """The graph as one Delayed computing ``key``."""
+        return Delayed(key, HighLevelGraph.from_collections(key, self.tasks, self.inputs))
 
 
-def build(stack: Stack, plan: Plan) -> list[Delayed]:
-    """Delayed output cores (quimb layouts, host arrays) of SRC on ``stack``."""
+def build(stack: Stack, plan: Plan) -> Delayed:
+    """The list of output cores (quimb layouts, host arrays) of SRC on ``stack``.
+
+    One Delayed for the whole sweep: Dask optimises and submits one graph.
+    """
     token = uuid.uuid4().hex
     n = stack.n
+    g = _Graph()
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
@@ -72,45 +101,46 @@ def build(stack: Stack, plan: Plan) -> list[Delayed]:
     for j in range(n):
         site = []
         for i, f in enumerate(stack.factors):
-            block = _lazy(f.train[j])
-            site.append(_task(K.prepare_core, block, kind=f.train.kind, site=j, n=n,
-                              transpose=f.transpose, dtype=stack.dtype,
-                              check=not K.is_in_memory(block), name=f.train.name,
-                              key=(name("load", j), i)))
+            raw = f.train[j]
+            site.append(g.add((name("load", j), i), K.prepare_core, g.array(raw),
+                              kind=f.train.kind, site=j, n=n, transpose=f.transpose,
+                              dtype=stack.dtype, check=not K.is_in_memory(raw),
+                              name=f.train.name))
         cores.append(site)
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
-    envs: list[list[Delayed | None]] = [[None] * len(plan.blocks) for _ in range(n)]
+    envs: list[list[Any]] = [[None] * len(plan.blocks) for _ in range(n)]
     for c, (start, stop) in enumerate(plan.blocks):
         env = None
         for j in range(n - 1):
-            env = _task(K.sketch_step, env, cores[j], plan.key, j, start, stop,
-                        key=(name("pass1", j), c))
+            env = g.add((name("pass1", j), c), K.sketch_step, env, cores[j],
+                        seed_key=plan.key, site=j, start=start, stop=stop)
             envs[j + 1][c] = env
 
     # Pass 2: right to left, QR of the sketch and projection.
     out: list[Any] = [None] * n
     env_right = None
     for j in range(n - 1, 0, -1):
-        z = _task(K.project_core, cores[j], env_right, key=(name("pass2", j), "project"))
-        pieces = [_task(K.sketch_piece, envs[j][c], z, key=(name("pass2", j), "sketch", c))
+        z = g.add((name("pass2", j), "project"), K.project_core, cores[j], env_right)
+        pieces = [g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], z)
                   for c in range(len(plan.blocks))]
-        out[j] = _task(K.orthonormalize, pieces, stack.up(j), stack.down(j), plan.cutoff,
-                       stack.max_rank(j), key=(name("pass2", j), "qr"))
-        env_right = _task(K.update_env, out[j], z, key=(name("pass2", j), "update"))
-    out[0] = _task(K.first_core, _task(K.project_core, cores[0], env_right,
-                                       key=(name("pass2", 0), "project")),
-                   key=(name("pass2", 0), "core"))
+        out[j] = g.add((name("pass2", j), "qr"), K.orthonormalize, pieces, up=stack.up(j),
+                       down=stack.down(j), cutoff=plan.cutoff, max_rank=stack.max_rank(j))
+        env_right = g.add((name("pass2", j), "update"), K.update_env, out[j], z)
+    z = g.add((name("pass2", 0), "project"), K.project_core, cores[0], env_right)
+    out[0] = g.add((name("pass2", 0), "core"), K.first_core, z)
 
     if plan.round:
         carry = None
         for j in range(n):
-            step = _task(K.round_step, carry, out[j], plan.chi_out, plan.cutoff, j == n - 1,
-                         key=(name("round", j), "svd"))
-            out[j] = _task(operator.getitem, step, 0, key=(name("round", j), "core"))
-            carry = _task(operator.getitem, step, 1, key=(name("round", j), "carry"))
+            step = g.add((name("round", j), "svd"), K.round_step, carry, out[j],
+                         chi=plan.chi_out, cutoff=plan.cutoff, last=j == n - 1)
+            out[j] = g.add((name("round", j), "core"), operator.getitem, step, 0)
+            carry = g.add((name("round", j), "carry"), operator.getitem, step, 1)
 
-    return [_task(_to_host, o, stack.kind, j, n, key=name("result", j)) for j, o in enumerate(out)]
+    results = [g.add(name("result", j), _to_host, o, kind=stack.kind, site=j, n=n)
+               for j, o in enumerate(out)]
+    return g.delayed(g.add(f"src_result-{token}", list, results))
 
 
 def _to_host(core: Any, kind: str, site: int, n: int) -> np.ndarray:

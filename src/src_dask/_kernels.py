@@ -150,7 +150,7 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
 
 
 # -- pass 1: sketched left environments ----------------------------------------
-def sketch_step(env: Any | None, cores: list[Any], key: int, site: int, start: int,
+def sketch_step(env: Any | None, cores: list[Any], seed_key: int, site: int, start: int,
                 stop: int) -> Any:
     """``C_{j+1}[s, b..] = Σ C_j[s, a..] Ω_j[s, x_0, x_k] Π T_i[j]`` for columns start:stop.
 
@@ -161,7 +161,7 @@ def sketch_step(env: Any | None, cores: list[Any], key: int, site: int, start: i
     xp = xp_of(cores[0])
     dtype = cores[0].dtype
     up, down = cores[0].shape[2], cores[-1].shape[3]
-    omega = xp.asarray(_random.sketch_block(key, site, start, stop, (up, down), dtype),
+    omega = xp.asarray(_random.sketch_block(seed_key, site, start, stop, (up, down), dtype),
                        dtype=dtype)
     if env is None:
         env = xp.ones((stop - start,) + (1,) * k, dtype=dtype)
