@@ -125,7 +125,8 @@ def build(stack: Stack, plan: Plan) -> Delayed:
         pieces = [g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], z)
                   for c in range(len(plan.blocks))]
         out[j] = g.add((name("pass2", j), "qr"), K.orthonormalize, pieces, up=stack.up(j),
-                       down=stack.down(j), cutoff=plan.cutoff, max_rank=stack.max_rank(j))
+                       down=stack.down(j), cutoff=plan.cutoff, max_rank=stack.max_rank(j),
+                       site=j)
         env_right = g.add((name("pass2", j), "update"), K.update_env, out[j], z)
     z = g.add((name("pass2", 0), "project"), K.project_core, cores[0], env_right)
     out[0] = g.add((name("pass2", 0), "core"), K.first_core, z)
@@ -145,6 +146,10 @@ def build(stack: Stack, plan: Plan) -> Delayed:
 
 def _to_host(core: Any, kind: str, site: int, n: int) -> np.ndarray:
     """An output core in quimb's layout as a NumPy array for the client."""
+    if not K.all_finite(core):
+        raise FloatingPointError(
+            f"site {site}: the result contains NaN or inf (overflow? rescale the inputs)"
+        )
     core = K.unpad(core, kind, site, n)
     if K.xp_of(core) is not np:
         core = core.get()

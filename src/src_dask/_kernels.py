@@ -193,7 +193,8 @@ def sketch_piece(env: Any, z: Any) -> Any:
     return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
 
 
-def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int) -> Any:
+def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int,
+                   site: int) -> Any:
     """``η[q, r, x_0, x_k]``: an orthonormal basis of the sketch's range, as rows.
 
     ``max_rank`` bounds the rank of the exact product at this cut (the product
@@ -206,7 +207,9 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
     xp = xp_of(pieces[0])
     mt = xp.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
     if not all_finite(mt):
-        raise FloatingPointError("the sketch contains NaN or inf (overflow in the inputs?)")
+        raise FloatingPointError(
+            f"site {site}: the sketch contains NaN or inf (overflow? rescale the inputs)"
+        )
     q, r = xp.linalg.qr(mt.T)
     if cutoff > 0 or q.shape[1] > max_rank:
         u, sv, _ = xp.linalg.svd(r, full_matrices=False)

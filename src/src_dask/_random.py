@@ -27,10 +27,10 @@ def sketch_block(key: int, site: int, start: int, stop: int, legs: tuple[int, ..
     is_complex = np.dtype(dtype).kind == "c"
     draws = 2 * size if is_complex else size
     out = np.empty((stop - start, draws))
-    bits = np.random.Philox(key=[key, site])
+    key_words = np.array([key, site], dtype=np.uint64)  # (a list would go through float64)
+    bits = np.random.Philox(key=key_words)
     gen = np.random.Generator(bits)
     state = bits.state
-    key_words = np.array([key, site], dtype=np.uint64)
     for i, col in enumerate(range(start, stop)):
         # Column index in counter word 1: streams of neighbouring columns never
         # overlap (word 0 is the one Philox increments while drawing).

@@ -1,0 +1,122 @@
+"""Shared helpers: random trains in quimb's layouts and dense reference products."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from src_dask import TensorTrain
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    x = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def _bonds(n: int, bond) -> list[int]:
+    if isinstance(bond, int):
+        bond = [bond] * (n - 1)
+    assert len(bond) == n - 1
+    return [1, *bond, 1]
+
+
+def random_mps(n: int, bond=3, phys=2, dtype=complex, seed=0, decay: float | None = None):
+    """An MPS with the given bonds (int or list); ``phys`` int or per-site list.
+
+    ``decay`` weights bond index i by ``decay**i`` so the state is compressible.
+    """
+    rng = np.random.default_rng(seed)
+    bonds = _bonds(n, bond)
+    phys = [phys] * n if isinstance(phys, int) else phys
+    cores = []
+    for j in range(n):
+        c = _draw(rng, (bonds[j], bonds[j + 1], phys[j]), dtype)
+        if decay is not None:
+            c = c * (decay ** np.arange(bonds[j + 1]))[None, :, None].astype(c.dtype)
+        cores.append(_strip(c, j, n))
+    return TensorTrain(cores, "mps")
+
+
+def random_mpo(n: int, bond=2, phys=2, dtype=complex, seed=0, down=None,
+               decay: float | None = None):
+    """An MPO with up legs ``phys`` and down legs ``down`` (default ``phys``)."""
+    rng = np.random.default_rng(seed)
+    bonds = _bonds(n, bond)
+    up = [phys] * n if isinstance(phys, int) else phys
+    down = up if down is None else ([down] * n if isinstance(down, int) else down)
+    cores = []
+    for j in range(n):
+        c = _draw(rng, (bonds[j], bonds[j + 1], up[j], down[j]), dtype)
+        if decay is not None:
+            c = c * (decay ** np.arange(bonds[j + 1]))[None, :, None, None].astype(c.dtype)
+        cores.append(_strip(c, j, n))
+    return TensorTrain(cores, "mpo")
+
+
+def _strip(c: np.ndarray, j: int, n: int) -> np.ndarray:
+    if j == n - 1:
+        c = c[:, 0]
+    if j == 0:
+        c = c[0]
+    return c
+
+
+def dense_product(*trains) -> np.ndarray:
+    """The exact product of the trains as a dense vector or matrix."""
+    mats = [t.to_dense() for t in trains]
+    if trains[0].kind == "mps" and len(trains) > 1:  # a bra: row vector first
+        out = mats[0]
+        for m in mats[1:]:
+            out = out @ m
+        return out
+    out = mats[-1]
+    for m in reversed(mats[:-1]):
+        out = m @ out
+    return out
+
+
+def rel_err(y, exact) -> float:
+    y = y.to_dense() if isinstance(y, TensorTrain) else y
+    return float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
+
+
+@pytest.fixture(scope="session")
+def cluster_client():
+    """A LocalCluster of 2 worker processes (one thread each) for the session."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def exact_train(*trains) -> TensorTrain:
+    """The exact product as one train (bonds multiply), merged site by site."""
+    n = len(trains[0])
+    bra = len(trains) > 1 and trains[0].kind == "mps"
+    merged = []
+    for j in range(n):
+        acc = None
+        for i, t in enumerate(trains):
+            c = np.asarray(t[j])
+            c = c[None] if j == 0 else c
+            c = c[:, None] if j == n - 1 else c
+            if t.kind == "mps":  # a ket (l, r, p, 1) or a bra (l, r, 1, p)
+                c = c[:, :, None, :] if (bra and i == 0) else c[..., None]
+            if acc is None:
+                acc = c
+            else:
+                acc = np.einsum("abux,ABxd->aAbBud", acc, c)
+                s = acc.shape
+                acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
+        kind = "mps" if any(t.kind == "mps" for t in trains) else "mpo"
+        if kind == "mps":
+            acc = acc[:, :, 0, :] if bra else acc[..., 0]
+        acc = acc[:, 0] if j == n - 1 else acc
+        acc = acc[0] if j == 0 else acc
+        merged.append(acc)
+    return TensorTrain(merged, kind)

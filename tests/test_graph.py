@@ -1,0 +1,95 @@
+"""The sweep on Dask: one graph, named tasks, a cluster of worker processes."""
+
+from __future__ import annotations
+
+from conftest import dense_product, random_mpo, random_mps, rel_err
+from dask.utils import key_split
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+import src_dask
+from src_dask import _api, _graph, _random
+from src_dask._stack import make_stack
+
+
+def _graph_keys(n=6, chunk=3, oversample=0):
+    a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
+    stack = make_stack((a, x))
+    plan = _graph.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
+                       key=_random.seed_key(0), round=oversample > 0)
+    return list(dict(_graph.build(stack, plan).dask).keys())
+
+
+def test_task_prefixes_name_pass_and_site():
+    prefixes = {key_split(k) for k in _graph_keys()}
+    for j in range(5):
+        assert f"src_pass1_site{j}" in prefixes
+    for j in range(6):
+        assert f"src_pass2_site{j}" in prefixes
+        assert f"src_load_site{j}" in prefixes
+        assert f"src_result_site{j}" in prefixes
+    assert "src_pass1_site5" not in prefixes  # pass 1 stops at site n-2
+    assert any(p.startswith("src_round_site") for p in map(key_split, _graph_keys(oversample=4)))
+
+
+def test_graph_shape_per_site():
+    keys = _graph_keys(n=6, chunk=3)  # 8 columns in blocks of 3 -> 3 blocks
+    pass1 = [k for k in keys if key_split(k).startswith("src_pass1")]
+    assert len(pass1) == 3 * 5  # one task per block and site
+    site3 = [k for k in keys if key_split(k) == "src_pass2_site3"]
+    # project, one sketch piece per block, one QR, one update
+    assert sorted(k[1] for k in site3) == ["project", "qr", "sketch", "sketch", "sketch",
+                                           "update"]
+
+
+class _CountGraphs(SchedulerPlugin):
+    def __init__(self):
+        self.graphs = 0
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.graphs += 1
+
+
+def test_whole_sweep_is_one_graph_on_a_two_worker_cluster(cluster_client):
+    counter = _CountGraphs()
+    cluster_client.register_plugin(counter, name="count-graphs")
+    a, x = random_mpo(8, 3, seed=1), random_mps(8, 4, seed=2)
+    y = src_dask.apply(a, x, 100, seed=0, client=cluster_client)
+    n_graphs = cluster_client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins["count-graphs"].graphs)
+    assert n_graphs == 1
+    assert rel_err(y, dense_product(a, x)) <= 1e-12
+    assert len(cluster_client.scheduler_info()["workers"]) == 2
+
+
+def test_current_client_is_used_by_default(cluster_client):
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    with cluster_client.as_current():
+        assert _api._scheduler(None) is cluster_client
+        y = src_dask.apply(a, x, 100, seed=0)
+    assert rel_err(y, dense_product(a, x)) <= 1e-12
+    assert _api._scheduler(None) == "threads"
+
+
+def test_default_chunk_uses_every_worker_thread(cluster_client):
+    stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
+    assert _api._default_chunk(stack, 100, "threads") == 100
+    assert _api._default_chunk(stack, 100, cluster_client) == 50
+
+
+def test_default_chunk_caps_block_size(monkeypatch):
+    monkeypatch.setattr(_api, "_BLOCK_BYTES", 16 * 12 * 10)  # 10 columns of a 3*4 env
+    stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
+    assert _api._default_chunk(stack, 100, "threads") == 10
+
+
+def test_pass1_blocks_run_on_both_workers(cluster_client):
+    """Blocks of sketch columns are spread over the cluster."""
+    from distributed import get_task_stream
+
+    a, x = random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)
+    with get_task_stream(client=cluster_client) as stream:
+        y = src_dask.apply(a, x, 40, seed=0, client=cluster_client)
+    pass1 = [t for t in stream.data if key_split(t["key"]).startswith("src_pass1")]
+    assert len(pass1) == 2 * 7
+    assert len({t["worker"] for t in pass1}) == 2
+    assert rel_err(y, dense_product(a, x)) <= 1e-12

@@ -1,0 +1,111 @@
+"""Oversampling, cutoff, reproducibility across chunks and workers, the random sketch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import exact_train, random_mpo, random_mps, rel_err
+
+import src_dask
+from src_dask import _random
+
+
+def _tt_svd_error(vec: np.ndarray, dims: list[int], chi: int) -> float:
+    """Error of the optimal-by-sweep TT-SVD truncation of ``vec`` to bond ``chi``."""
+    left, rest, us = 1, vec, []
+    for d in dims[:-1]:
+        u, s, vh = np.linalg.svd(rest.reshape(left * d, -1), full_matrices=False)
+        k = min(chi, len(s))
+        us.append(u[:, :k])
+        rest, left = s[:k, None] * vh[:k], k
+    out = rest
+    for u in reversed(us):
+        out = u @ out.reshape(u.shape[1], -1)
+    return float(np.linalg.norm(out.ravel() - vec) / np.linalg.norm(vec))
+
+
+def test_oversampling_is_near_optimal():
+    """median(error / TT-SVD error) <= 1.1 where the sketch is narrower than the rank."""
+    n, chi = 12, 8
+    ratios, plain = [], []
+    for seed in range(7):
+        a = random_mpo(n, 4, 2, seed=seed, decay=0.8)
+        x = random_mps(n, 16, 2, seed=seed + 100, decay=0.8)
+        exact = exact_train(a, x).to_dense()
+        best = _tt_svd_error(exact, [2] * n, chi)
+        y = src_dask.apply(a, x, chi, oversample="auto", seed=seed)
+        assert max(y.bond_dims) <= chi
+        ratios.append(rel_err(y, exact) / best)
+        plain.append(rel_err(src_dask.apply(a, x, chi, seed=seed), exact) / best)
+    assert np.median(ratios) <= 1.1, ratios
+    assert np.median(plain) > 1.3  # the check can tell plain SRC from oversampled
+
+
+def test_explicit_oversample_equals_auto_size():
+    a, x = random_mpo(8, 3, seed=1), random_mps(8, 6, seed=2)
+    y1 = src_dask.apply(a, x, 4, oversample=10, seed=3)
+    y2 = src_dask.apply(a, x, 4, oversample="auto", seed=3)  # max(ceil(4/2), 10) = 10
+    np.testing.assert_allclose(y1.to_dense(), y2.to_dense(), rtol=0, atol=1e-13)
+
+
+def test_cutoff_drops_small_directions():
+    a = random_mpo(8, 3, seed=1, decay=0.1)
+    x = random_mps(8, 6, seed=2, decay=0.1)
+    exact = exact_train(a, x).to_dense()
+    full = src_dask.apply(a, x, 30, seed=0)
+    cut = src_dask.apply(a, x, 30, cutoff=1e-3, seed=0)
+    assert sum(cut.bond_dims) < sum(full.bond_dims)
+    assert rel_err(full, exact) <= 1e-12
+    assert 1e-12 < rel_err(cut, exact) <= 1e-2
+
+
+@pytest.mark.parametrize("oversample", [0, 6])
+def test_result_independent_of_chunk(oversample):
+    a, x = random_mpo(10, 3, seed=4), random_mps(10, 8, seed=5)
+    ys = [src_dask.apply(a, x, 12, seed=7, chunk=c, oversample=oversample) for c in (1, 5, 64)]
+    for y in ys[1:]:
+        for c0, c1 in zip(ys[0], y, strict=True):
+            np.testing.assert_allclose(c1, c0, rtol=0, atol=1e-12 * np.abs(c0).max())
+
+
+def test_result_independent_of_worker_count(cluster_client):
+    a, x = random_mpo(10, 3, seed=4), random_mps(10, 8, seed=5)
+    local = src_dask.apply(a, x, 12, seed=7, chunk=12)
+    on_two = src_dask.apply(a, x, 12, seed=7, chunk=5, client=cluster_client)
+    for c0, c1 in zip(local, on_two, strict=True):
+        np.testing.assert_allclose(c1, c0, rtol=0, atol=1e-12 * np.abs(c0).max())
+
+
+def test_different_seeds_differ_and_same_seed_repeats():
+    a, x = random_mpo(8, 3, seed=4), random_mps(8, 8, seed=5)
+    y1 = src_dask.apply(a, x, 5, seed=1).to_dense()
+    y2 = src_dask.apply(a, x, 5, seed=1).to_dense()
+    y3 = src_dask.apply(a, x, 5, seed=2).to_dense()
+    np.testing.assert_array_equal(y1, y2)
+    assert np.abs(y1 - y3).max() > 1e-6
+
+
+def test_sketch_columns_depend_only_on_seed_site_and_column():
+    key = _random.seed_key(42)
+    whole = _random.sketch_block(key, 3, 0, 50, (2, 3), np.complex128)
+    parts = np.concatenate([_random.sketch_block(key, 3, a, b, (2, 3), np.complex128)
+                            for a, b in [(0, 7), (7, 8), (8, 50)]])
+    np.testing.assert_array_equal(whole, parts)
+    # a fresh counter-based stream per column gives the same numbers
+    # (uint64 arrays: Philox turns a list of Python ints >= 2**63 into float64)
+    col = np.random.Generator(np.random.Philox(key=np.array([key, 3], dtype=np.uint64),
+                                               counter=np.array([0, 9, 0, 0], dtype=np.uint64)))
+    draws = col.standard_normal(12)
+    np.testing.assert_array_equal(whole[9].ravel(), (draws[:6] + 1j * draws[6:]) / np.sqrt(2))
+    # other sites and neighbouring columns are not correlated copies
+    assert not np.allclose(whole[10], whole[9])
+    assert not np.allclose(_random.sketch_block(key, 4, 9, 10, (2, 3), np.complex128)[0], whole[9])
+
+
+def test_sketch_statistics():
+    key = _random.seed_key(0)
+    real = _random.sketch_block(key, 0, 0, 4000, (5,), np.float64)
+    cplx = _random.sketch_block(key, 1, 0, 4000, (5,), np.complex128)
+    assert abs(real.mean()) < 0.05 and abs(real.var() - 1) < 0.05
+    assert abs(np.mean(np.abs(cplx) ** 2) - 1) < 0.05
+    assert abs(np.mean(cplx.real * cplx.imag)) < 0.05
