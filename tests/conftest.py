@@ -93,30 +93,3 @@ def cluster_client():
             Client(cluster, set_as_default=False) as client:
         yield client
 
-
-def exact_train(*trains) -> TensorTrain:
-    """The exact product as one train (bonds multiply), merged site by site."""
-    n = len(trains[0])
-    bra = len(trains) > 1 and trains[0].kind == "mps"
-    merged = []
-    for j in range(n):
-        acc = None
-        for i, t in enumerate(trains):
-            c = np.asarray(t[j])
-            c = c[None] if j == 0 else c
-            c = c[:, None] if j == n - 1 else c
-            if t.kind == "mps":  # a ket (l, r, p, 1) or a bra (l, r, 1, p)
-                c = c[:, :, None, :] if (bra and i == 0) else c[..., None]
-            if acc is None:
-                acc = c
-            else:
-                acc = np.einsum("abux,ABxd->aAbBud", acc, c)
-                s = acc.shape
-                acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
-        kind = "mps" if any(t.kind == "mps" for t in trains) else "mpo"
-        if kind == "mps":
-            acc = acc[:, :, 0, :] if bra else acc[..., 0]
-        acc = acc[:, 0] if j == n - 1 else acc
-        acc = acc[0] if j == 0 else acc
-        merged.append(acc)
-    return TensorTrain(merged, kind)

@@ -7,6 +7,7 @@ import pytest
 from conftest import dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
+from src_dask.trains import exact_product
 
 # (name, builder(n, phys) -> list of trains). Uneven bonds throughout.
 STACKS = {
@@ -142,3 +143,14 @@ def _block_diag(c: np.ndarray) -> np.ndarray:
     out[:left, :right] = c
     out[left:, right:] = c
     return out
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_exact_product_norm_and_vdot_helpers(stack):
+    trains = STACKS[stack](4, 3)
+    dense = dense_product(*trains)
+    e = exact_product(*trains)
+    assert np.abs(e.to_dense() - dense).max() <= 1e-13 * np.abs(dense).max()
+    assert abs(e.norm() / np.linalg.norm(dense) - 1) <= 1e-13
+    y = src_dask.src(*trains, chi_out=3, seed=0)
+    assert abs(y.vdot(e) - np.vdot(y.to_dense(), dense)) <= 1e-12 * np.linalg.norm(dense) ** 2

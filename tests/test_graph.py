@@ -36,9 +36,9 @@ def test_graph_shape_per_site():
     pass1 = [k for k in keys if key_split(k).startswith("src_pass1")]
     assert len(pass1) == 3 * 5  # one task per block and site
     site3 = [k for k in keys if key_split(k) == "src_pass2_site3"]
-    # project, one sketch piece per block, one QR, one update
-    assert sorted(k[1] for k in site3) == ["project", "qr", "sketch", "sketch", "sketch",
-                                           "update"]
+    # one sketch piece per block, one QR (fused with the update and the next projection),
+    # and the output core taken from it
+    assert sorted(k[1] for k in site3) == ["core", "qr", "sketch", "sketch", "sketch"]
 
 
 class _CountGraphs(SchedulerPlugin):
@@ -82,8 +82,10 @@ def test_default_chunk_caps_block_size(monkeypatch):
     assert _api._default_chunk(stack, 100, "threads") == 10
 
 
-def test_pass1_blocks_run_on_both_workers(cluster_client):
-    """Blocks of sketch columns are spread over the cluster."""
+def test_blocks_stay_on_their_worker(cluster_client):
+    """Blocks of sketch columns are spread over the cluster, and each block's
+    environments stay where they were made: its pass-1 chain and its pieces of
+    the pass-2 sketch all run on one worker."""
     from distributed import get_task_stream
 
     a, x = random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)
@@ -92,4 +94,12 @@ def test_pass1_blocks_run_on_both_workers(cluster_client):
     pass1 = [t for t in stream.data if key_split(t["key"]).startswith("src_pass1")]
     assert len(pass1) == 2 * 7
     assert len({t["worker"] for t in pass1}) == 2
+    by_block: dict[int, set] = {}
+    for t in stream.data:
+        key = t["key"]
+        if key_split(key).startswith("src_pass1") or (
+                key_split(key).startswith("src_pass2") and key[1] == "sketch"):
+            by_block.setdefault(key[-1], set()).add(t["worker"])
+    assert sorted(by_block) == [0, 1]
+    assert all(len(w) == 1 for w in by_block.values()), by_block
     assert rel_err(y, dense_product(a, x)) <= 1e-12

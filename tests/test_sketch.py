@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import exact_train, random_mpo, random_mps, rel_err
+from conftest import random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _random
+from src_dask.trains import exact_product
 
 
 def _tt_svd_error(vec: np.ndarray, dims: list[int], chi: int) -> float:
@@ -31,7 +32,7 @@ def test_oversampling_is_near_optimal():
     for seed in range(7):
         a = random_mpo(n, 4, 2, seed=seed, decay=0.8)
         x = random_mps(n, 16, 2, seed=seed + 100, decay=0.8)
-        exact = exact_train(a, x).to_dense()
+        exact = exact_product(a, x).to_dense()
         best = _tt_svd_error(exact, [2] * n, chi)
         y = src_dask.apply(a, x, chi, oversample="auto", seed=seed)
         assert max(y.bond_dims) <= chi
@@ -51,7 +52,7 @@ def test_explicit_oversample_equals_auto_size():
 def test_cutoff_drops_small_directions():
     a = random_mpo(8, 3, seed=1, decay=0.1)
     x = random_mps(8, 6, seed=2, decay=0.1)
-    exact = exact_train(a, x).to_dense()
+    exact = exact_product(a, x).to_dense()
     full = src_dask.apply(a, x, 30, seed=0)
     cut = src_dask.apply(a, x, 30, cutoff=1e-3, seed=0)
     assert sum(cut.bond_dims) < sum(full.bond_dims)

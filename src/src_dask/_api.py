@@ -84,7 +84,8 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
              stack.dtype)
-    (cores,) = dask.compute(_graph.build(stack, plan), scheduler=scheduler)
+    workers = None if isinstance(scheduler, str) else sorted(scheduler.scheduler_info()["workers"])
+    (cores,) = dask.compute(_graph.build(stack, plan, workers), scheduler=scheduler)
     return TensorTrain(list(cores), stack.kind, name="result")
 
 

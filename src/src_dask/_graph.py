@@ -28,7 +28,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
-from dask.highlevelgraph import HighLevelGraph
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import _kernels as K
 from ._stack import Stack
@@ -60,14 +60,27 @@ def _lazy(core: Any) -> Any:
 class _Graph:
     """A task graph under construction: keys, tasks and the input collections."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: list[str]) -> None:
         self.tasks: dict[Any, tuple] = {}
         self.inputs: list[da.Array] = []
+        self.workers = workers
+        self.placement: dict[Any, str] = {}
 
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
         """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None)."""
         self.tasks[key] = (partial(func, **static) if static else func, *deps)
         return key
+
+    def pin(self, key: Any, block: int) -> None:
+        """Prefer the worker that owns column block ``block`` for ``key``.
+
+        Environments are the big state: a block's whole chain of ``C_j`` and
+        its pieces of the sketch stay on one worker, and the (smaller) cores
+        and projected cores travel to it. Loose: another worker may take over
+        if that one is lost.
+        """
+        if self.workers:
+            self.placement[key] = self.workers[block % len(self.workers)]
 
     def array(self, x: Any) -> Any:
         """A key holding array ``x`` whole; lazy arrays are read only when it runs."""
@@ -82,17 +95,29 @@ class _Graph:
 
     def delayed(self, key: str) -> Delayed:
         """The graph as one Delayed computing ``key``."""
-        return Delayed(key, HighLevelGraph.from_collections(key, self.tasks, self.inputs))
+        placement = self.placement
+        annotations = None
+        if placement:
+            annotations = {"workers": placement.get,
+                           "allow_other_workers": lambda k: True if k in placement else None}
+        layer = MaterializedLayer(self.tasks, annotations=annotations)
+        deps = {key: {x.name for x in self.inputs}}
+        layers = {key: layer}
+        for x in self.inputs:
+            layers.update(x.__dask_graph__().layers)
+            deps.update(x.__dask_graph__().dependencies)
+        return Delayed(key, HighLevelGraph(layers, deps))
 
 
-def build(stack: Stack, plan: Plan) -> Delayed:
+def build(stack: Stack, plan: Plan, workers: list[str] | None = None) -> Delayed:
     """The list of output cores (quimb layouts, host arrays) of SRC on ``stack``.
 
     One Delayed for the whole sweep: Dask optimises and submits one graph.
+    ``workers`` (addresses of a distributed cluster) places the column blocks.
     """
     token = uuid.uuid4().hex
     n = stack.n
-    g = _Graph()
+    g = _Graph(workers or [])
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
@@ -115,21 +140,22 @@ def build(stack: Stack, plan: Plan) -> Delayed:
         for j in range(n - 1):
             env = g.add((name("pass1", j), c), K.sketch_step, env, cores[j],
                         seed_key=plan.key, site=j, start=start, stop=stop)
+            g.pin(env, c)
             envs[j + 1][c] = env
 
-    # Pass 2: right to left, QR of the sketch and projection.
+    # Pass 2: right to left. The state after site j is (η_j, Z_{j-1}).
     out: list[Any] = [None] * n
-    env_right = None
+    state = g.add((name("pass2", n - 1), "project"), K.start_pass2, cores[n - 1])
     for j in range(n - 1, 0, -1):
-        z = g.add((name("pass2", j), "project"), K.project_core, cores[j], env_right)
-        pieces = [g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], z)
+        pieces = [g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], state)
                   for c in range(len(plan.blocks))]
-        out[j] = g.add((name("pass2", j), "qr"), K.orthonormalize, pieces, up=stack.up(j),
-                       down=stack.down(j), cutoff=plan.cutoff, max_rank=stack.max_rank(j),
-                       site=j)
-        env_right = g.add((name("pass2", j), "update"), K.update_env, out[j], z)
-    z = g.add((name("pass2", 0), "project"), K.project_core, cores[0], env_right)
-    out[0] = g.add((name("pass2", 0), "core"), K.first_core, z)
+        for c, piece in enumerate(pieces):
+            g.pin(piece, c)
+        state = g.add((name("pass2", j), "qr"), K.pass2_step, pieces, state, cores[j - 1],
+                      up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
+                      max_rank=stack.max_rank(j), site=j)
+        out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
+    out[0] = g.add((name("pass2", 0), "core"), K.first_core, state)
 
     if plan.round:
         carry = None

@@ -187,10 +187,31 @@ def _as_matrix(z: Any, k: int) -> Any:
     return z.reshape(rows, -1)
 
 
-def sketch_piece(env: Any, z: Any) -> Any:
-    """Columns ``start:stop`` of the sketch, transposed: ``Mᵀ = C · Z`` of shape (s_c, R·U·D)."""
+def start_pass2(cores: list[Any]) -> tuple[None, Any]:
+    """The state pass 2 starts from at the last site: no core yet, ``Z`` with ``S = 1``."""
+    return None, project_core(cores, None)
+
+
+def sketch_piece(env: Any, state: tuple[Any, Any]) -> Any:
+    """A block of the sketch, transposed: ``Mᵀ = C · Z`` of shape (s_c, R·U·D).
+
+    ``state`` is the pass-2 state ``(η of the site to the right, Z of this site)``.
+    """
     k = env.ndim - 1
-    return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
+    return env.reshape(env.shape[0], -1) @ _as_matrix(state[1], k)
+
+
+def pass2_step(pieces: list[Any], state: tuple[Any, Any], cores_left: list[Any], *, up: int,
+               down: int, cutoff: float, max_rank: int, site: int) -> tuple[Any, Any]:
+    """One site of pass 2: ``η_j`` from the sketch, then ``S_{j-1}`` and ``Z_{j-1}``.
+
+    Fusing the QR, the environment update and the next projection into one
+    task leaves two dependent tasks per site on the critical path (this one
+    and the sketch pieces), which is what bounds small problems on a cluster.
+    """
+    z = state[1]
+    eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
+    return eta, project_core(cores_left, update_env(eta, z))
 
 
 def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int,
@@ -228,8 +249,9 @@ def update_env(eta: Any, z: Any) -> Any:
     return s.reshape((q,) + tuple(z.shape[:k]))
 
 
-def first_core(z: Any) -> Any:
-    """The output's site 0, ``y_0[1, r, x_0, x_k]``, from its projected core."""
+def first_core(state: tuple[Any, Any]) -> Any:
+    """The output's site 0, ``y_0[1, r, x_0, x_k]``: the projected core of site 0."""
+    z = state[1]
     return z.reshape((1,) + tuple(z.shape[-3:]))
 
 

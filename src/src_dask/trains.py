@@ -156,6 +156,22 @@ class TensorTrain(Sequence):
             return qtn.MatrixProductState(arrays, shape="lrp")
         return qtn.MatrixProductOperator(arrays, shape="lrud")
 
+    def vdot(self, other: TensorTrain) -> complex:
+        """``<self|other>`` (self conjugated) of two MPS, or the Frobenius product of two MPOs."""
+        if other.kind != self.kind or len(other) != len(self):
+            raise ValueError("vdot needs two trains of the same kind and length")
+        n = len(self)
+        env = np.ones((1, 1))
+        for j, (a, b) in enumerate(zip(self.to_numpy(), other.to_numpy(), strict=True)):
+            a, b = _pad_ends(a, j, n), _pad_ends(b, j, n)
+            a, b = a.reshape(a.shape[0], a.shape[1], -1), b.reshape(b.shape[0], b.shape[1], -1)
+            env = np.einsum("lL,lrp,LRp->rR", env, a.conj(), b, optimize=True)
+        return complex(env[0, 0])
+
+    def norm(self) -> float:
+        """The 2-norm (Frobenius norm for an MPO)."""
+        return float(np.sqrt(abs(self.vdot(self))))
+
     def to_dense(self) -> np.ndarray:
         """The full vector (MPS) or matrix (MPO, rows = up legs); for small trains only.
 
@@ -229,3 +245,35 @@ def as_train(x: Any, *, name: str = "train") -> TensorTrain:
             f"TensorTrain), got {type(x).__name__}"
         )
     return TensorTrain(x, name=name)
+
+
+def exact_product(*trains: Any) -> TensorTrain:
+    """The exact product ``trains[0]·trains[1]·…`` as one train, for checks.
+
+    Bonds multiply, so this is only for products small enough to hold; it is
+    the reference SRC approximates. Same conventions as :func:`src_dask.src`
+    (an MPS first is a bra, an MPS last a ket).
+    """
+    from ._stack import make_stack
+
+    stack = make_stack(trains)
+    n = stack.n
+    merged = []
+    for j in range(n):
+        acc = None
+        for f in stack.factors:  # ket order: output up leg first
+            c = _pad_ends(_to_numpy(f.train[j]),
+                          j, n)
+            c = c[..., None] if f.train.kind == "mps" else c
+            c = c.swapaxes(2, 3) if f.transpose else c
+            if acc is None:
+                acc = c
+                continue
+            acc = np.einsum("abux,ABxd->aAbBud", acc, c)
+            s = acc.shape
+            acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
+        acc = acc.astype(stack.dtype, copy=False)
+        acc = acc[..., 0] if stack.kind == "mps" else acc
+        acc = acc[:, 0] if j == n - 1 else acc
+        merged.append(acc[0] if j == 0 else acc)
+    return TensorTrain(merged, stack.kind, name="exact product")
