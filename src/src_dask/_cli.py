@@ -34,8 +34,8 @@ def demo(args: argparse.Namespace) -> int:
     from src_dask.trains import TensorTrain, exact_product
 
     rng = np.random.default_rng(args.seed)
-    mpo = TensorTrain(_random_train("mpo", args.sites, args.mpo_bond, 2, rng, 0.7))
-    mps = TensorTrain(_random_train("mps", args.sites, args.bond, 2, rng, 0.97))
+    mpo = TensorTrain(_random_train("mpo", args.sites, args.mpo_bond, 2, rng, 0.5))
+    mps = TensorTrain(_random_train("mps", args.sites, args.bond, 2, rng, 0.9))
     exact = exact_product(mpo, mps)
     with LocalCluster(n_workers=args.workers, threads_per_worker=1,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
