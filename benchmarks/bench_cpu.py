@@ -91,6 +91,21 @@ def versions() -> dict[str, str]:
     return out
 
 
+def git_state() -> dict[str, Any]:
+    """The commit benchmarked and whether src/ differed from it (a dirty tree)."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=HERE.parent, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "src_modified": git("status", "--porcelain", "--", "src").splitlines()}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
 def gemm_rate(n: int, repeats: int) -> dict[str, Any]:
     """Best-of-``repeats`` complex128 ``n x n`` matmul rate, 8 n^3 flop each."""
     rng = np.random.default_rng(0)
@@ -239,29 +254,42 @@ def core_difference(y1, y2) -> float:
 
 
 # -- timing -------------------------------------------------------------------------
-def cpu_steal_s() -> float | None:
-    """CPU time stolen from this VM by its host so far, all CPUs (``/proc/stat``)."""
+def _proc_stat() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of the whole machine so far, from ``/proc/stat``."""
     try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
         return None
+    busy = sum(f[:8]) - f[3] - f[4]  # all but idle and iowait (steal included)
+    return busy / tick, f[7] / tick
 
 
-def best_of(fn, repeats: int) -> tuple[dict[str, Any], Any]:
-    """One warm-up call, then ``repeats`` timed calls; also the host's steal time."""
-    steal0 = cpu_steal_s()
+def best_of(fn, repeats: int, own_cpu=time.process_time) -> tuple[dict[str, Any], Any]:
+    """One warm-up call, then ``repeats`` timed calls.
+
+    Also records, over each timed call, the CPU time the whole machine spent
+    outside this benchmark (``foreign_cpu_s``: busy time in ``/proc/stat`` less
+    ``own_cpu()``, which counts the benchmark's own processes) and the time the
+    host stole from this VM: both should be ~0 on a quiet machine.
+    """
     t0 = time.perf_counter()
     result = fn()
     warm = time.perf_counter() - t0
-    times = []
+    times, foreign, steal = [], [], []
     for _ in range(repeats):
+        s0, c0 = _proc_stat(), own_cpu()
         t0 = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - t0)
+        s1, c1 = _proc_stat(), own_cpu()
+        if s0 is not None and s1 is not None:
+            foreign.append(max(0.0, (s1[0] - s0[0]) - (c1 - c0) - (s1[1] - s0[1])))
+            steal.append(s1[1] - s0[1])
     out = {"warmup_s": warm, "times_s": times, "best_s": min(times)}
-    if steal0 is not None:
-        out["cpu_steal_s"] = cpu_steal_s() - steal0
+    if foreign:
+        out["foreign_cpu_s"] = foreign
+        out["steal_s"] = steal
     return out, result
 
 
@@ -304,6 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "versions": versions(),
+        "git": git_state(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("OPENBLAS", "OMP_", "MKL_"))},
@@ -319,9 +348,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
     print(f"# {record['cpu_model']}, {record['nproc']} cores, {record['date']}")
-    gemm = gemm_rate(args.gemm_n, repeats=3)
+    gemm = gemm_rate(args.gemm_n, repeats=5)
     record["gemm_complex128"] = gemm
-    print(f"complex128 GEMM {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s")
+    msg = f"complex128 GEMM {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s"
+    try:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            gemm1 = gemm_rate(args.gemm_n, repeats=3)
+        record["gemm_complex128_1thread"] = gemm1
+        msg += f" ({gemm1['gflops']:.1f} on one BLAS thread)"
+    except ImportError:
+        pass
+    print(msg)
 
     A, psi = make_problem(args.L, args.chi, args.mpo_bond, args.seed)
     flops = flop_count(A, psi, args.chi, sketch=args.chi)
@@ -357,8 +396,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             def run_cluster():
                 return src_dask.apply(A, psi, chi_out=args.chi, seed=0, client=client)
 
+            def cluster_cpu() -> float:
+                workers = client.run(time.process_time)
+                return time.process_time() + sum(workers.values())
+
             timings["src_dask_cluster"], results["src_dask_cluster"] = best_of(
-                run_cluster, args.repeats)
+                run_cluster, args.repeats, own_cpu=cluster_cpu)
         timings["src_dask_cluster"]["cluster_startup_s"] = startup
         record["cluster"] = {"n_workers": args.workers, "threads_per_worker": 1,
                              "processes": True, "worker_blas": list(worker_blas.values())}
@@ -403,13 +446,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # table
     print()
     print(f"{'run':<24}{'best s':>9}{'/quimb':>9}{'GFLOP/s':>10}{'of GEMM':>9}"
-          f"{'rel err':>11}{'all runs s':>24}{'steal s':>9}")
+          f"{'rel err':>11}{'all runs s':>24}{'foreign cpu s':>24}")
     for k, t in timings.items():
         r = ratios.get(f"{k}/quimb", 1.0)
         print(f"{k:<24}{t['best_s']:>9.3f}{r:>9.3f}{rates[k]['gflops']:>10.1f}"
               f"{rates[k]['fraction_of_gemm']:>9.1%}{errors[k]['rel_error']:>11.4e}"
               f"{' '.join(f'{x:.2f}' for x in t['times_s']):>24}"
-              f"{t.get('cpu_steal_s', float('nan')):>9.2f}")
+              f"{' '.join(f'{x:.2f}' for x in t.get('foreign_cpu_s', [])):>24}")
     print(f"GEMM {gemm['gflops']:.1f} GFLOP/s; {flops['total']:.3e} flop; target "
           f"ours <= 0.5x quimb: " + ", ".join(
               f"{k.split('/')[0]} {'met' if v else 'NOT met'}"
