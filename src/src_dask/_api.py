@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+from functools import partial
 from typing import Any
 
 import dask
@@ -84,8 +85,12 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
              stack.dtype)
-    workers = None if isinstance(scheduler, str) else sorted(scheduler.scheduler_info()["workers"])
-    (cores,) = dask.compute(_graph.build(stack, plan, workers), scheduler=scheduler)
+    if isinstance(scheduler, str):
+        graph = _graph.build(stack, plan)
+    else:
+        graph = _graph.build(stack, plan, sorted(scheduler.scheduler_info()["workers"]),
+                             partial(scheduler.scatter, hash=False))
+    (cores,) = dask.compute(graph, scheduler=scheduler)
     return TensorTrain(list(cores), stack.kind, name="result")
 
 

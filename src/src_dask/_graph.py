@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -60,11 +61,13 @@ def _lazy(core: Any) -> Any:
 class _Graph:
     """A task graph under construction: keys, tasks and the input collections."""
 
-    def __init__(self, workers: list[str]) -> None:
-        self.tasks: dict[Any, tuple] = {}
+    def __init__(self, workers: list[str], scatter: Callable | None) -> None:
+        self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
         self.workers = workers
         self.placement: dict[Any, str] = {}
+        self.scatter = scatter
+        self.in_memory: dict[Any, Any] = {}
 
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
         """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None)."""
@@ -87,14 +90,22 @@ class _Graph:
         x = _lazy(x)
         if K.is_in_memory(x):
             key = ("src_input-" + uuid.uuid4().hex,)
-            self.tasks[key] = x
+            self.in_memory[key] = x
             return key
         x = x.rechunk(x.shape)
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
 
     def delayed(self, key: str) -> Delayed:
-        """The graph as one Delayed computing ``key``."""
+        """The graph as one Delayed computing ``key``.
+
+        In-memory inputs go to the cluster once, by ``scatter``, rather than
+        inside the graph that the scheduler receives.
+        """
+        if self.scatter is not None and self.in_memory:
+            self.in_memory = dict(zip(self.in_memory, self.scatter(list(self.in_memory.values())),
+                                      strict=True))
+        self.tasks.update(self.in_memory)
         placement = self.placement
         annotations = None
         if placement:
@@ -109,15 +120,17 @@ class _Graph:
         return Delayed(key, HighLevelGraph(layers, deps))
 
 
-def build(stack: Stack, plan: Plan, workers: list[str] | None = None) -> Delayed:
+def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
+          scatter: Callable | None = None) -> Delayed:
     """The list of output cores (quimb layouts, host arrays) of SRC on ``stack``.
 
     One Delayed for the whole sweep: Dask optimises and submits one graph.
-    ``workers`` (addresses of a distributed cluster) places the column blocks.
+    ``workers`` (addresses of a distributed cluster) places the column blocks;
+    ``scatter`` (a client's) sends in-memory inputs to the cluster.
     """
     token = uuid.uuid4().hex
     n = stack.n
-    g = _Graph(workers or [])
+    g = _Graph(workers or [], scatter)
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
