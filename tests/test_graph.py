@@ -64,22 +64,22 @@ def test_whole_sweep_is_one_graph_on_a_two_worker_cluster(cluster_client):
 def test_current_client_is_used_by_default(cluster_client):
     a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
     with cluster_client.as_current():
-        assert _api._scheduler(None) is cluster_client
+        assert _api._client(None) is cluster_client
         y = src_dask.apply(a, x, 100, seed=0)
     assert rel_err(y, dense_product(a, x)) <= 1e-12
-    assert _api._scheduler(None) == "threads"
+    assert _api._client(None) is None
 
 
 def test_default_chunk_uses_every_worker_thread(cluster_client):
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, "threads") == 100
+    assert _api._default_chunk(stack, 100, None) == 100
     assert _api._default_chunk(stack, 100, cluster_client) == 50
 
 
 def test_default_chunk_caps_block_size(monkeypatch):
     monkeypatch.setattr(_api, "_BLOCK_BYTES", 16 * 12 * 10)  # 10 columns of a 3*4 env
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, "threads") == 10
+    assert _api._default_chunk(stack, 100, None) == 10
 
 
 def test_blocks_stay_on_their_worker(cluster_client):

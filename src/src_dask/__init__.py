@@ -9,9 +9,10 @@ compression (SRC), run as a Dask task graph.
 import logging
 
 from ._api import apply, compress, src
+from .storage import open, save
 from .trains import TensorTrain
 
-__all__ = ["TensorTrain", "apply", "compress", "src"]
+__all__ = ["TensorTrain", "apply", "compress", "open", "save", "src"]
 __version__ = "0.1.0"
 
 logging.getLogger("src_dask").addHandler(logging.NullHandler())

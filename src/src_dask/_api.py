@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 from functools import partial
 from typing import Any
 
 import dask
 
 from . import _graph, _random
+from ._runstore import RunStore
 from ._stack import Stack, make_stack
 from .trains import TensorTrain
 
@@ -22,7 +24,8 @@ _BLOCK_BYTES = 256 * 2**20
 
 def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
         dtype: Any = None, seed: int | None = None, chunk: int | None = None,
-        client: Any = None) -> TensorTrain:
+        client: Any = None, store: str | os.PathLike | None = None,
+        overwrite: bool = False) -> TensorTrain:
     """Compress the product ``trains[0]·trains[1]·…`` to bond dimension ``chi_out``.
 
     Successive randomized compression (Camaño, Epperly & Tropp, 2025) run as
@@ -54,12 +57,21 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         Sketch columns per block, the unit of parallelism and of memory.
     client
         A ``distributed.Client``; by default the current client, else Dask's
-        local threaded scheduler.
+        default local scheduler (threads, unless ``dask.config`` says otherwise).
+    store
+        A run directory (Zarr) for the environments, the output and the run's
+        progress: memory is then bounded by disk, and calling ``src`` again
+        with the same inputs, options and store resumes an interrupted run
+        (or returns the finished one). Workers must be able to reach the path.
+    overwrite
+        Replace a ``store`` that holds a run of other inputs or options
+        (otherwise refused with an error).
 
     Returns
     -------
     TensorTrain
-        An MPS (if a factor is an MPS) or an MPO, in quimb's layouts, as NumPy
+        An MPS (if a factor is an MPS) or an MPO, in quimb's layouts: NumPy
+        arrays, or with ``store`` Dask arrays over the store's ``result``
         arrays. Without oversampling it is right-canonical (all the norm in
         site 0); after rounding it is left-canonical (the norm in the last site).
     """
@@ -70,13 +82,24 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         raise ValueError(f"seed: expected None or a non-negative int, got {seed!r}")
     if chunk is not None:
         chunk = _positive_int(chunk, "chunk")
-    scheduler = _scheduler(client)
+    client = _client(client)
     stack = make_stack(trains, dtype)
 
     sketch = chi_out + extra
+    chunk = min(chunk or _default_chunk(stack, sketch, client), sketch)
+    run, progress = None, None
+    if store is not None:
+        options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
+                   "dtype": stack.dtype.name, "seed": seed}
+        run, progress, seed, chunk = RunStore.prepare(
+            store, stack, {**options, "inputs": _fingerprint(stack)}, seed=seed, sketch=sketch,
+            chunk=chunk, overwrite=overwrite)
+        if run.is_complete():
+            log.info("src: %s holds the finished run; not recomputing", run.path)
+            return run.result(stack.kind)
     plan = _graph.Plan(
         sketch=sketch,
-        chunk=min(chunk or _default_chunk(stack, sketch, scheduler), sketch),
+        chunk=chunk,
         chi_out=chi_out,
         cutoff=cutoff,
         key=_random.seed_key(seed),
@@ -85,12 +108,15 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
              stack.dtype)
-    if isinstance(scheduler, str):
-        graph = _graph.build(stack, plan)
-    else:
-        graph = _graph.build(stack, plan, sorted(scheduler.scheduler_info()["workers"]),
-                             partial(scheduler.scatter, hash=False))
-    (cores,) = dask.compute(graph, scheduler=scheduler)
+    workers, scatter = None, None
+    if client is not None:
+        workers = sorted(client.scheduler_info()["workers"])
+        scatter = partial(client.scatter, hash=False)
+    graph = _graph.build(stack, plan, workers, scatter, run, progress)
+    (cores,) = dask.compute(graph, scheduler=client)
+    if run is not None:
+        run.mark_complete()
+        return run.result(stack.kind)
     return TensorTrain(list(cores), stack.kind, name="result")
 
 
@@ -131,8 +157,8 @@ def _cutoff(c: Any) -> float:
     return float(c)
 
 
-def _scheduler(client: Any) -> Any:
-    """The scheduler to compute on: the given client, the current one, or threads."""
+def _client(client: Any) -> Any:
+    """The client to compute on: the given one, else the current one, else None."""
     from distributed import Client
 
     if client is not None:
@@ -142,12 +168,23 @@ def _scheduler(client: Any) -> Any:
     try:
         return Client.current(allow_global=True)
     except ValueError:
-        return "threads"
+        return None
 
 
-def _default_chunk(stack: Stack, sketch: int, scheduler: Any) -> int:
+def _fingerprint(stack: Stack) -> list:
+    """What identifies the inputs of a stored run: kinds, shapes, and a token per
+    core (a hash of the data for in-memory arrays; of the graph or the store
+    path and metadata for lazy ones)."""
+    from dask.base import tokenize
+
+    return [[f.train.kind, f.transpose,
+             [[list(c.shape), tokenize(f.train.source(j))] for j, c in enumerate(f.train)]]
+            for f in stack.factors]
+
+
+def _default_chunk(stack: Stack, sketch: int, client: Any) -> int:
     """Columns per block: one block per worker thread, none over ``_BLOCK_BYTES``."""
-    slots = 1 if isinstance(scheduler, str) else max(1, sum(scheduler.nthreads().values()))
+    slots = 1 if client is None else max(1, sum(client.nthreads().values()))
     per_column = max(math.prod(stack.left_bonds(j)) for j in range(stack.n))
     per_column *= stack.dtype.itemsize
     blocks = max(slots, math.ceil(sketch * per_column / _BLOCK_BYTES))

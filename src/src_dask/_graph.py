@@ -32,6 +32,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import _kernels as K
+from ._runstore import Progress, RunStore
 from ._stack import Stack
 
 
@@ -49,6 +50,14 @@ class Plan:
     @property
     def blocks(self) -> list[tuple[int, int]]:
         return [(c, min(c + self.chunk, self.sketch)) for c in range(0, self.sketch, self.chunk)]
+
+
+def _is_zarr(x: Any) -> bool:
+    return type(x).__module__.startswith("zarr")
+
+
+def _read_whole(x: Any) -> Any:
+    return x[...]
 
 
 def _lazy(core: Any) -> Any:
@@ -74,7 +83,7 @@ class _Graph:
         self.tasks[key] = (partial(func, **static) if static else func, *deps)
         return key
 
-    def pin(self, key: Any, block: int) -> None:
+    def pin(self, key: Any, block: int) -> Any:
         """Prefer the worker that owns column block ``block`` for ``key``.
 
         Environments are the big state: a block's whole chain of ``C_j`` and
@@ -84,9 +93,18 @@ class _Graph:
         """
         if self.workers:
             self.placement[key] = self.workers[block % len(self.workers)]
+        return key
 
     def array(self, x: Any) -> Any:
-        """A key holding array ``x`` whole; lazy arrays are read only when it runs."""
+        """A key holding array ``x`` whole; lazy arrays are read only when it runs.
+
+        A Zarr array gets a new read task at every call: each pass reads its
+        cores anew instead of keeping them in memory from pass 1 to pass 2.
+        """
+        if _is_zarr(x):
+            key = ("src_read-" + uuid.uuid4().hex,)
+            self.tasks[key] = (_read_whole, x)
+            return key
         x = _lazy(x)
         if K.is_in_memory(x):
             key = ("src_input-" + uuid.uuid4().hex,)
@@ -112,61 +130,80 @@ class _Graph:
             annotations = {"workers": placement.get,
                            "allow_other_workers": lambda k: True if k in placement else None}
         layer = MaterializedLayer(self.tasks, annotations=annotations)
-        deps = {key: {x.name for x in self.inputs}}
-        layers = {key: layer}
-        for x in self.inputs:
-            layers.update(x.__dask_graph__().layers)
-            deps.update(x.__dask_graph__().dependencies)
-        return Delayed(key, HighLevelGraph(layers, deps))
+        return Delayed(key, HighLevelGraph.from_collections(key, layer, self.inputs))
 
 
 def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
-          scatter: Callable | None = None) -> Delayed:
-    """The list of output cores (quimb layouts, host arrays) of SRC on ``stack``.
+          scatter: Callable | None = None, store: RunStore | None = None,
+          progress: Progress | None = None) -> Delayed:
+    """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
-    One Delayed for the whole sweep: Dask optimises and submits one graph.
     ``workers`` (addresses of a distributed cluster) places the column blocks;
-    ``scatter`` (a client's) sends in-memory inputs to the cluster.
+    ``scatter`` (a client's) sends in-memory inputs to the cluster. With a run
+    ``store`` the environments and outputs go to disk, the result is a list of
+    the output shapes, and ``progress`` says what an earlier run already did.
     """
     token = uuid.uuid4().hex
-    n = stack.n
+    n, blocks = stack.n, plan.blocks
     g = _Graph(workers or [], scatter)
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
 
-    cores = []
-    for j in range(n):
-        site = []
+    def load(j: int, sweep: int) -> list[Any]:
+        """Site j's cores for one pass; lazy inputs are read anew for each pass,
+        so no core waits in memory from pass 1 to pass 2."""
+        keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
-            site.append(g.add((name("load", j), i), K.prepare_core, g.array(raw),
-                              kind=f.train.kind, site=j, n=n, transpose=f.transpose,
-                              dtype=stack.dtype, check=not K.is_in_memory(raw),
+            keys.append(g.add((name("load", j), sweep, i), K.prepare_core,
+                              g.array(f.train.source(j)), kind=f.train.kind, site=j, n=n,
+                              transpose=f.transpose, dtype=stack.dtype,
+                              check=not K.is_in_memory(raw),
                               name=f.train.name))
-        cores.append(site)
+        return keys
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
-    envs: list[list[Any]] = [[None] * len(plan.blocks) for _ in range(n)]
-    for c, (start, stop) in enumerate(plan.blocks):
+    todo = [c for c in range(len(blocks)) if not (progress and progress.pass1_done[c])]
+    cores1 = [load(j, 1) for j in range(n - 1)] if todo else []
+    envs: list[list[Any]] = [[None] * len(blocks) for _ in range(n)]
+    for c in todo:
+        start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            env = g.add((name("pass1", j), c), K.sketch_step, env, cores[j],
-                        seed_key=plan.key, site=j, start=start, stop=stop)
+            kw = dict(seed_key=plan.key, site=j, start=start, stop=stop)
+            if store is None:
+                env = g.add((name("pass1", j), c), K.sketch_step, env, cores1[j], **kw)
+            else:  # the chain goes on in memory; pass 2 reads C from the store
+                env = g.add((name("pass1", j), c), _sketch_step_stored, env, cores1[j],
+                            store=store, block=c, last=j == n - 2, **kw)
             g.pin(env, c)
             envs[j + 1][c] = env
 
     # Pass 2: right to left. The state after site j is (η_j, Z_{j-1}).
     out: list[Any] = [None] * n
-    state = g.add((name("pass2", n - 1), "project"), K.start_pass2, cores[n - 1])
-    for j in range(n - 1, 0, -1):
-        pieces = [g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], state)
-                  for c in range(len(plan.blocks))]
-        for c, piece in enumerate(pieces):
-            g.pin(piece, c)
-        state = g.add((name("pass2", j), "qr"), K.pass2_step, pieces, state, cores[j - 1],
+    first = progress.pass2_next if progress else n - 1
+    cores2 = {j: load(j, 2) for j in range(first + 1)}
+    if first == n - 1:
+        state = g.add((name("pass2", n - 1), "project"), K.start_pass2, cores2[n - 1])
+    else:
+        state = g.add((name("pass2", first), "resume"), _resume_pass2, cores2[first],
+                      store=store, site=first)
+    for j in range(n - 1, first, -1):
+        out[j] = g.add((name("pass2", j), "core"), store.read_eta, j)
+    for j in range(first, 0, -1):
+        pieces = []
+        for c, (start, stop) in enumerate(blocks):
+            if store is None:
+                piece = g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], state)
+            else:  # after block c's pass-1 chain (if this run does it) has written C_j
+                piece = g.add((name("pass2", j), "sketch", c), _sketch_piece_stored, state,
+                              envs[n - 1][c], store=store, site=j, start=start, stop=stop)
+            pieces.append(g.pin(piece, c))
+        checkpoint = partial(store.write_pass2, j) if store else None
+        state = g.add((name("pass2", j), "qr"), K.pass2_step, pieces, state, cores2[j - 1],
                       up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
-                      max_rank=stack.max_rank(j), site=j)
+                      max_rank=stack.max_rank(j), site=j, checkpoint=checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
     out[0] = g.add((name("pass2", 0), "core"), K.first_core, state)
 
@@ -178,9 +215,38 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             out[j] = g.add((name("round", j), "core"), operator.getitem, step, 0)
             carry = g.add((name("round", j), "carry"), operator.getitem, step, 1)
 
-    results = [g.add(name("result", j), _to_host, o, kind=stack.kind, site=j, n=n)
+    results = [g.add(name("result", j), _finish, o, kind=stack.kind, site=j, n=n, store=store)
                for j, o in enumerate(out)]
     return g.delayed(g.add(f"src_result-{token}", list, results))
+
+
+def _sketch_step_stored(env: Any, cores: list[Any], *, store: RunStore, block: int, last: bool,
+                        **kw: Any) -> Any:
+    """Pass 1 with a run store: ``C_{j+1}`` goes to disk; the last site marks the block done."""
+    env = K.sketch_step(env, cores, **kw)
+    store.write_env(kw["site"] + 1, kw["start"], env)
+    if last:
+        store.mark_block_done(block)
+        return None
+    return env
+
+
+def _sketch_piece_stored(state: tuple[Any, Any], _after: Any, *, store: RunStore, site: int,
+                         start: int, stop: int) -> Any:
+    env = store.read_env(site, start, stop)
+    return K.sketch_piece(K.xp_of(state[1]).asarray(env), state)
+
+
+def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None, Any]:
+    """The pass-2 state at ``site`` from the right environment a stopped run saved."""
+    env = store.read_right_env(site)
+    return None, K.project_core(cores, K.xp_of(cores[0]).asarray(env))
+
+
+def _finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None) -> Any:
+    """The output core in quimb's layout: to the client, or into the store (its shape returned)."""
+    core = _to_host(core, kind, site, n)
+    return core if store is None else store.write_result(site, core)
 
 
 def _to_host(core: Any, kind: str, site: int, n: int) -> np.ndarray:

@@ -16,6 +16,7 @@ shape and executed as batched matrix products.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from math import prod
 from typing import Any
@@ -202,16 +203,21 @@ def sketch_piece(env: Any, state: tuple[Any, Any]) -> Any:
 
 
 def pass2_step(pieces: list[Any], state: tuple[Any, Any], cores_left: list[Any], *, up: int,
-               down: int, cutoff: float, max_rank: int, site: int) -> tuple[Any, Any]:
+               down: int, cutoff: float, max_rank: int, site: int,
+               checkpoint: Callable[[Any, Any], None] | None = None) -> tuple[Any, Any]:
     """One site of pass 2: ``η_j`` from the sketch, then ``S_{j-1}`` and ``Z_{j-1}``.
 
     Fusing the QR, the environment update and the next projection into one
     task leaves two dependent tasks per site on the critical path (this one
     and the sketch pieces), which is what bounds small problems on a cluster.
+    ``checkpoint(η_j, S_{j-1})`` saves the state a restarted run resumes from.
     """
     z = state[1]
     eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
-    return eta, project_core(cores_left, update_env(eta, z))
+    env = update_env(eta, z)
+    if checkpoint is not None:
+        checkpoint(eta, env)
+    return eta, project_core(cores_left, env)
 
 
 def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int,

@@ -60,7 +60,8 @@ class TensorTrain(Sequence):
         How error messages refer to this train (for example ``"trains[1]"``).
     """
 
-    def __init__(self, cores: Sequence[Any], kind: Kind | None = None, *, name: str = "train"):
+    def __init__(self, cores: Sequence[Any], kind: Kind | None = None, *, name: str = "train",
+                 sources: Sequence[Any] | None = None):
         cores = list(cores)
         if len(cores) < 2:
             raise ValueError(f"{name}: a train needs at least 2 sites, got {len(cores)}")
@@ -98,6 +99,7 @@ class TensorTrain(Sequence):
                 )
         self._cores = cores
         self._kind: Kind = kind
+        self._sources = list(sources) if sources is not None else None
         self.name = name
 
     # -- sequence protocol ------------------------------------------------
@@ -115,6 +117,11 @@ class TensorTrain(Sequence):
             f"TensorTrain(kind={self.kind!r}, sites={len(self)}, "
             f"bonds={self.bond_dims}, phys={self.phys_dims}, dtype={self.dtype})"
         )
+
+    def source(self, site: int) -> Any:
+        """Where site ``site`` is read from: the Zarr array behind a Dask core
+        opened from disk (read directly, once per pass), else the core itself."""
+        return self._sources[site] if self._sources is not None else self._cores[site]
 
     # -- properties -------------------------------------------------------
     @property

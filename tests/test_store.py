@@ -1,0 +1,252 @@
+"""Out of core with Zarr: saved trains, the run store, restart, disk errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from conftest import random_mpo, random_mps
+
+import src_dask
+from src_dask import _graph, _runstore
+from src_dask import _kernels as K
+
+
+def _close(y, ref, tol=1e-12):
+    for c, c0 in zip(y, ref, strict=True):
+        c, c0 = np.asarray(c), np.asarray(c0)
+        assert np.abs(c - c0).max() <= tol * np.abs(c0).max()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """An MPO and an MPS saved to Zarr, opened lazily."""
+    a, x = random_mpo(8, 3, seed=1), random_mps(8, 6, seed=2)
+    src_dask.save(a, tmp_path / "a")
+    src_dask.save(x, tmp_path / "x", max_chunk_bytes=300)
+    return a, x, src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Counts of kernel calls in this process (threaded scheduler)."""
+    calls = {"sketch_step": 0, "pass2_step": 0, "read": 0}
+
+    def counting(name, func):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return func(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(K, "sketch_step", counting("sketch_step", K.sketch_step))
+    monkeypatch.setattr(K, "pass2_step", counting("pass2_step", K.pass2_step))
+    monkeypatch.setattr(_graph, "_read_whole", counting("read", _graph._read_whole))
+    return calls
+
+
+# -- saved trains ---------------------------------------------------------------------
+def test_save_and_open_round_trip(saved, tmp_path):
+    a, x, a2, x2 = saved
+    group = zarr.open_group(tmp_path / "x", mode="r")
+    assert dict(group.attrs) == {"format": "src_dask.train", "version": 1, "kind": "mps",
+                                 "sites": 8, "layout": "lrp"}
+    for j, core in enumerate(x):
+        arr = group[f"site_{j}"]
+        assert arr.shape == core.shape and arr.dtype == core.dtype
+        assert np.prod(arr.chunks) * arr.dtype.itemsize <= 300
+    assert isinstance(x2[3], da.Array) and x2.kind == "mps" and a2.kind == "mpo"
+    np.testing.assert_array_equal(x2.to_dense(), x.to_dense())
+    np.testing.assert_array_equal(a2.to_dense(), a.to_dense())
+
+
+def test_open_reads_no_data(tmp_path):
+    x = random_mps(4, 3, seed=0)
+    src_dask.save(x, tmp_path / "x")
+    for j in range(4):  # drop every chunk: open() only needs the metadata
+        for root, _, files in os.walk(tmp_path / "x" / f"site_{j}" / "c"):
+            for f in files:
+                os.remove(os.path.join(root, f))
+    y = src_dask.open(tmp_path / "x")
+    assert [c.shape for c in y] == [c.shape for c in x]
+
+
+def test_open_refuses_other_things(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved train"):
+        src_dask.open(tmp_path / "missing")
+    zarr.open_group(tmp_path / "g", mode="w").attrs["format"] = "other"
+    with pytest.raises(ValueError, match="not a src_dask train"):
+        src_dask.open(tmp_path / "g")
+
+
+def test_save_dask_cores_and_fixed_chunks(tmp_path):
+    x = random_mps(5, 4, seed=0)
+    lazy = src_dask.TensorTrain([da.from_array(c, chunks=2) for c in x])
+    src_dask.save(lazy, tmp_path / "x", chunks=(2, 3, 2))
+    group = zarr.open_group(tmp_path / "x", mode="r")
+    assert group["site_2"].chunks == (2, 3, 2) and group["site_0"].chunks == (3, 2)
+    np.testing.assert_array_equal(src_dask.open(tmp_path / "x").to_dense(), x.to_dense())
+    with pytest.raises(FileExistsError, match="already exists.*overwrite=True"):
+        src_dask.save(x, tmp_path / "x")
+
+
+def test_opened_trains_are_streamed(saved, counts):
+    """Each input core is read once per pass that needs it (sites 0…n-2 twice, n-1 once)."""
+    a, x, a2, x2 = saved
+    y = src_dask.apply(a2, x2, 10, seed=0)
+    _close(y, src_dask.apply(a, x, 10, seed=0))
+    assert counts["read"] == 2 * (2 * 8 - 1)
+
+
+# -- the run store ----------------------------------------------------------------------
+def test_store_run_equals_in_memory_run_and_reads_as_zarr(saved, tmp_path):
+    a, x, a2, x2 = saved
+    ref = src_dask.apply(a, x, 10, seed=5, chunk=4)
+    y = src_dask.apply(a2, x2, 10, seed=5, chunk=4, store=tmp_path / "run")
+    assert all(isinstance(c, da.Array) for c in y)
+    _close(y, ref)
+    run = zarr.open_group(tmp_path / "run", mode="r")
+    assert run.attrs["format"] == "src_dask.run" and run.attrs["complete"] is True
+    assert run["env/site_3"].shape == (10, 3, 6) and run["env/site_3"].chunks == (4, 3, 6)
+    assert run["progress"].attrs["pass2_next"] == 0
+    assert list(run["progress/pass1"][...]) == [1, 1, 1]
+    for j in range(8):
+        np.testing.assert_array_equal(run[f"result/site_{j}"][...], np.asarray(ref[j]))
+
+
+def test_finished_store_is_returned_without_work(saved, tmp_path, counts):
+    a, x, a2, x2 = saved
+    first = src_dask.apply(a2, x2, 10, seed=5, store=tmp_path / "run")
+    calls = dict(counts)
+    again = src_dask.apply(a2, x2, 10, seed=5, store=tmp_path / "run")
+    assert counts == calls
+    _close(again, first, tol=0)
+
+
+def test_seed_none_is_recorded_and_reused(saved, tmp_path):
+    a, x, a2, x2 = saved
+    first = src_dask.apply(a2, x2, 6, store=tmp_path / "run")
+    seed = zarr.open_group(tmp_path / "run", mode="r").attrs["seed"]
+    _close(first, src_dask.apply(a2, x2, 6, seed=seed))
+
+
+@pytest.mark.parametrize("change", ["inputs", "chi_out", "seed", "oversample", "cutoff", "dtype"])
+def test_store_of_another_run_is_refused(saved, tmp_path, change):
+    a, x, a2, x2 = saved
+    src_dask.apply(a2, x2, 6, seed=1, store=tmp_path / "run")
+    args = {"inputs": (a2, random_mps(8, 6, seed=9)), }.get(change, (a2, x2))
+    options = {"chi_out": 6, "seed": 1}
+    options.update({"chi_out": {"chi_out": 7}, "seed": {"seed": 2},
+                    "oversample": {"oversample": 3}, "cutoff": {"cutoff": 1e-3},
+                    "dtype": {"dtype": "complex64"}}.get(change, {}))
+    chi = options.pop("chi_out")
+    with pytest.raises(ValueError, match=f"holds a run of other inputs or options.*{change}"):
+        src_dask.apply(*args, chi, store=tmp_path / "run", **options)
+    assert zarr.open_group(tmp_path / "run", mode="r").attrs["complete"] is True  # untouched
+    y = src_dask.apply(*args, chi, store=tmp_path / "run", overwrite=True, **options)
+    _close(y, src_dask.apply(*args, chi, **options) if options.get("seed") else y)
+
+
+def test_a_directory_that_is_not_a_store_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.txt").write_text("mine")
+    a, x = random_mpo(4, 2, seed=0), random_mps(4, 2, seed=0)
+    with pytest.raises(ValueError, match="not a src_dask run store"):
+        src_dask.apply(a, x, 4, store=tmp_path / "data")
+    assert (tmp_path / "data" / "notes.txt").read_text() == "mine"
+
+
+def test_read_only_store_fails_early(tmp_path, counts):
+    a, x = random_mpo(5, 2, seed=0), random_mps(5, 3, seed=0)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0:  # root ignores permission bits: use a read-only mount
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                          capture_output=True, check=False).returncode != 0:
+            pytest.fail("cannot make a read-only directory here")
+    else:
+        ro.chmod(0o555)
+    try:
+        with pytest.raises(OSError, match=rf"{ro}/run: .*cannot be written.*needs \d+ bytes"):
+            src_dask.apply(a, x, 4, store=ro / "run")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(ro)], check=False)
+    assert counts["sketch_step"] == 0
+
+
+def test_not_enough_space_fails_early(tmp_path, monkeypatch, counts):
+    a, x = random_mpo(5, 2, seed=0), random_mps(5, 3, seed=0)
+    usage = _runstore.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(_runstore.shutil, "disk_usage",
+                        lambda p: usage._replace(free=1000))
+    with pytest.raises(OSError, match=r"run: the run store needs \d+ bytes but only 1000 are "
+                                      r"free"):
+        src_dask.apply(a, x, 4, store=tmp_path / "run")
+    assert not (tmp_path / "run").exists() and counts["sketch_step"] == 0
+
+
+def test_planned_bytes_cover_what_a_run_writes(saved, tmp_path):
+    a, x, a2, x2 = saved
+    src_dask.apply(a2, x2, 10, seed=0, oversample=4, store=tmp_path / "run")
+    written = sum(os.path.getsize(os.path.join(r, f))
+                  for r, _, fs in os.walk(tmp_path / "run") for f in fs)
+    planned = zarr.open_group(tmp_path / "run", mode="r").attrs["bytes_planned"]
+    assert written <= planned
+
+
+# -- restart -----------------------------------------------------------------------------
+_KILLED_RUN = textwrap.dedent("""
+    import os, signal, sys
+    import dask
+    import src_dask
+    dask.config.set(scheduler="synchronous")  # one task at a time: a known order
+    from src_dask import _kernels as K
+    step, site, nth, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    original = getattr(K, step)
+    seen = []
+    def killer(*args, **kwargs):
+        if kwargs["site"] == site:
+            seen.append(1)
+            if len(seen) == nth:  # the nth call at this site
+                os.kill(os.getpid(), signal.SIGKILL)  # like a killed client: no cleanup
+        return original(*args, **kwargs)
+    setattr(K, step, killer)
+    src_dask.apply(src_dask.open(path + "/a"), src_dask.open(path + "/x"), 10, seed=5, chunk=4,
+                   oversample=2, store=path + "/run")
+""")
+
+
+def _killed_run(tmp_path, step: str, site: int, nth: int = 1) -> None:
+    res = subprocess.run([sys.executable, "-c", _KILLED_RUN, step, str(site), str(nth),
+                          str(tmp_path)], capture_output=True, text=True, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    run = zarr.open_group(tmp_path / "run", mode="r")
+    assert run.attrs["complete"] is False  # an interrupted run never looks finished
+
+
+def test_resume_after_kill_in_pass2(saved, tmp_path, counts):
+    a, x, a2, x2 = saved
+    _killed_run(tmp_path, "pass2_step", site=4)
+    assert zarr.open_group(tmp_path / "run/progress", mode="r").attrs["pass2_next"] == 4
+    y = src_dask.apply(a2, x2, 10, seed=5, chunk=4, oversample=2, store=tmp_path / "run")
+    assert counts["sketch_step"] == 0  # pass 1 is not redone
+    assert counts["pass2_step"] == 4  # sites 4, 3, 2, 1: the finished 7, 6, 5 are not redone
+    _close(y, src_dask.apply(a, x, 10, seed=5, chunk=4, oversample=2))
+
+
+def test_resume_after_kill_in_pass1_redoes_only_unfinished_blocks(saved, tmp_path, counts):
+    a, x, a2, x2 = saved
+    _killed_run(tmp_path, "sketch_step", site=6, nth=2)  # one block has finished pass 1
+    done = zarr.open_group(tmp_path / "run/progress", mode="r")["pass1"][...]
+    assert done.sum() == 1
+    y = src_dask.apply(a2, x2, 10, seed=5, chunk=4, oversample=2, store=tmp_path / "run")
+    assert counts["sketch_step"] == 7 * 2
+    assert counts["pass2_step"] == 7
+    _close(y, src_dask.apply(a, x, 10, seed=5, chunk=4, oversample=2))
