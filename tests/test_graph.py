@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from conftest import dense_product, random_mpo, random_mps, rel_err
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -103,3 +104,34 @@ def test_blocks_stay_on_their_worker(cluster_client):
     assert sorted(by_block) == [0, 1]
     assert all(len(w) == 1 for w in by_block.values()), by_block
     assert rel_err(y, dense_product(a, x)) <= 1e-12
+
+
+def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
+    import threading
+    import time
+
+    from distributed import Client, LocalCluster
+
+    a, x = random_mpo(30, 4, seed=1), random_mps(30, 48, seed=2)
+    ref = src_dask.apply(a, x, 48, seed=3, chunk=12)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      local_directory=str(tmp_path)) as cluster, Client(cluster) as client:
+        victim = sorted(client.scheduler_info()["workers"])[1]
+        result = {}
+        run = threading.Thread(target=lambda: result.update(
+            y=src_dask.apply(a, x, 48, seed=3, chunk=12, client=client)))
+        run.start()
+
+        def pass1_done(dask_scheduler):
+            return sum(1 for ts in dask_scheduler.tasks.values()
+                       if "src_pass1" in str(ts.key) and ts.state == "memory")
+
+        deadline = time.time() + 60
+        while client.run_on_scheduler(pass1_done) < 8 and time.time() < deadline:
+            time.sleep(0.01)
+        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
+        nanny.process.process.kill()  # SIGKILL: the worker process dies mid-run
+        run.join(120)
+        assert victim not in client.scheduler_info()["workers"]
+    for c, c0 in zip(result["y"], ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

@@ -6,12 +6,13 @@ import logging
 import math
 import numbers
 import os
-from functools import partial
 from typing import Any
 
 import dask
+import dask.utils
 
 from . import _graph, _random
+from ._kernels import is_in_memory
 from ._runstore import RunStore
 from ._stack import Stack, make_stack
 from .trains import TensorTrain
@@ -108,12 +109,16 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
              stack.dtype)
-    workers, scatter = None, None
-    if client is not None:
-        workers = sorted(client.scheduler_info()["workers"])
-        scatter = partial(client.scatter, hash=False)
-    graph = _graph.build(stack, plan, workers, scatter, run, progress)
-    (cores,) = dask.compute(graph, scheduler=client)
+    workers = None if client is None else sorted(client.scheduler_info()["workers"])
+    graph = _graph.build(stack, plan, workers, run, progress)
+    # In-memory inputs travel inside the graph (not scattered: a lost worker
+    # would lose them for good); the graph is as large as they are, by design.
+    in_graph = sum(c.nbytes for f in stack.factors for c in f.train if is_in_memory(c))
+    threshold = max(dask.utils.parse_bytes(
+        dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
+        2 * in_graph)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}):
+        (cores,) = dask.compute(graph, scheduler=client)
     if run is not None:
         run.mark_complete()
         return run.result(stack.kind)

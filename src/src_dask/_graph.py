@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import operator
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -70,13 +69,11 @@ def _lazy(core: Any) -> Any:
 class _Graph:
     """A task graph under construction: keys, tasks and the input collections."""
 
-    def __init__(self, workers: list[str], scatter: Callable | None) -> None:
+    def __init__(self, workers: list[str]) -> None:
         self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
         self.workers = workers
         self.placement: dict[Any, str] = {}
-        self.scatter = scatter
-        self.in_memory: dict[Any, Any] = {}
 
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
         """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None)."""
@@ -108,22 +105,14 @@ class _Graph:
         x = _lazy(x)
         if K.is_in_memory(x):
             key = ("src_input-" + uuid.uuid4().hex,)
-            self.in_memory[key] = x
+            self.tasks[key] = x
             return key
         x = x.rechunk(x.shape)
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
 
     def delayed(self, key: str) -> Delayed:
-        """The graph as one Delayed computing ``key``.
-
-        In-memory inputs go to the cluster once, by ``scatter``, rather than
-        inside the graph that the scheduler receives.
-        """
-        if self.scatter is not None and self.in_memory:
-            self.in_memory = dict(zip(self.in_memory, self.scatter(list(self.in_memory.values())),
-                                      strict=True))
-        self.tasks.update(self.in_memory)
+        """The graph as one Delayed computing ``key``."""
         placement = self.placement
         annotations = None
         if placement:
@@ -134,18 +123,16 @@ class _Graph:
 
 
 def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
-          scatter: Callable | None = None, store: RunStore | None = None,
-          progress: Progress | None = None) -> Delayed:
+          store: RunStore | None = None, progress: Progress | None = None) -> Delayed:
     """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
-    ``workers`` (addresses of a distributed cluster) places the column blocks;
-    ``scatter`` (a client's) sends in-memory inputs to the cluster. With a run
+    ``workers`` (addresses of a distributed cluster) places the column blocks. With a run
     ``store`` the environments and outputs go to disk, the result is a list of
     the output shapes, and ``progress`` says what an earlier run already did.
     """
     token = uuid.uuid4().hex
     n, blocks = stack.n, plan.blocks
-    g = _Graph(workers or [], scatter)
+    g = _Graph(workers or [])
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"

@@ -230,6 +230,12 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
     exceed what the product can have. With ``cutoff > 0`` directions whose
     singular values (of the triangular factor) fall below ``cutoff · σ_max``
     are dropped too, keeping at least one.
+
+    The basis is canonical, a continuous function of the sketch: the QR has a
+    real positive diagonal, and a truncated range is spanned by the leading
+    sketch columns projected onto it (not by singular vectors, whose phases
+    and near-degenerate rotations change with rounding). Cores then agree to
+    rounding across chunkings and cluster shapes, not just the product.
     """
     xp = xp_of(pieces[0])
     mt = xp.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
@@ -237,14 +243,35 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
         raise FloatingPointError(
             f"site {site}: the sketch contains NaN or inf (overflow? rescale the inputs)"
         )
-    q, r = xp.linalg.qr(mt.T)
+    m = mt.T
+    q, r = xp.linalg.qr(m)
     if cutoff > 0 or q.shape[1] > max_rank:
         u, sv, _ = xp.linalg.svd(r, full_matrices=False)
         keep = min(max_rank, sv.shape[0])
         if cutoff > 0 and sv[0] > 0:
             keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
-        q = q @ u[:, :keep]
+        q = _canonical_basis(q @ u[:, :keep], m)
+    else:
+        q = _positive_diagonal(q, r)
     return xp.ascontiguousarray(q.T).reshape(q.shape[1], -1, up, down)
+
+
+def _positive_diagonal(q: Any, r: Any) -> Any:
+    """``q`` with its columns' phases chosen so that ``diag(r)`` is real positive
+    (this makes a QR factorization unique)."""
+    xp = xp_of(q)
+    diag = xp.diagonal(r)[: q.shape[1]]
+    mag = abs(diag)
+    return q * xp.where(mag == 0, 1, diag / xp.where(mag == 0, 1, mag))[None, :]
+
+
+def _canonical_basis(basis: Any, m: Any) -> Any:
+    """The orthonormal basis of ``span(basis)`` made of the leading columns of ``m``
+    projected onto it: a function of the subspace and ``m`` alone."""
+    xp = xp_of(basis)
+    k = basis.shape[1]
+    q, r = xp.linalg.qr(basis @ (basis.conj().T @ m[:, :k]))
+    return _positive_diagonal(q, r)
 
 
 def update_env(eta: Any, z: Any) -> Any:
@@ -276,12 +303,13 @@ def round_step(carry: Any | None, core: Any, chi: int, cutoff: float,
         return core, None
     left, right, up, down = core.shape
     mat = core.transpose(0, 2, 3, 1).reshape(left * up * down, right)
-    u, sv, vh = xp.linalg.svd(mat, full_matrices=False)
+    u, sv, _ = xp.linalg.svd(mat, full_matrices=False)
     keep = min(chi, sv.shape[0])
     if cutoff > 0 and sv[0] > 0:
         keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
-    new = u[:, :keep].reshape(left, up, down, keep).transpose(0, 3, 1, 2)
-    return xp.ascontiguousarray(new), sv[:keep, None] * vh[:keep]
+    basis = _canonical_basis(u[:, :keep], mat)
+    new = basis.reshape(left, up, down, keep).transpose(0, 3, 1, 2)
+    return xp.ascontiguousarray(new), basis.conj().T @ mat
 
 
 def unpad(core: Any, kind: str, site: int, n: int) -> Any:

@@ -1,0 +1,112 @@
+"""Bounded memory: environments 4x larger than the workers' memory still run.
+
+The problem is an MPS of true rank 2 whose bonds alternate between 2 and
+B = 4096 (a rank-2 state written with inflated bonds), compressed with a
+cutoff: the sketched environments are large (s × B at every other site) while
+every contraction stays cheap, so the test measures memory, not FLOPs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
+
+import src_dask
+from src_dask import TensorTrain
+
+N, B, CHI, CHUNK = 56, 4096, 2048, 256
+LIMIT = 400 * 2**20  # per worker; 2 workers
+
+
+def _inflated_rank2_mps(seed: int = 0) -> TensorTrain:
+    rng = np.random.default_rng(seed)
+    bonds = [1] + [B if j % 2 else 2 for j in range(N - 1)] + [1]
+    embed, cores = [], []
+    for b in bonds:  # E (b x 2) and its pseudo-inverse F: F E = 1 on every cut
+        e = rng.standard_normal((b, 2)) if b > 2 else np.eye(b, 2)
+        embed.append((e, np.linalg.pinv(e)))
+    for j in range(N):
+        g = rng.standard_normal((min(bonds[j], 2), min(bonds[j + 1], 2), 2))
+        core = np.einsum("la,abp,br->lrp", embed[j][0], g, embed[j + 1][1])
+        cores.append(core[0] if j == 0 else core[:, 0] if j == N - 1 else core)
+    cores[-1] = cores[-1].reshape(bonds[N - 1], 2)
+    return TensorTrain([c.astype(np.complex128) for c in cores], "mps")
+
+
+def env_bytes() -> int:
+    return sum(CHI * (B if j % 2 else 2) for j in range(N - 1)) * 16
+
+
+class PeakRSS(WorkerPlugin):
+    """Samples the worker process's resident memory every 5 ms."""
+
+    name = "peak-rss"
+
+    def setup(self, worker):
+        self.peak = 0
+        proc = psutil.Process()
+
+        def sample():
+            while True:
+                self.peak = max(self.peak, proc.memory_info().rss)
+                time.sleep(0.005)
+
+        threading.Thread(target=sample, daemon=True).start()
+
+
+def _peaks(client) -> dict:
+    return client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    x = _inflated_rank2_mps()
+    assert env_bytes() >= 4 * 2 * LIMIT
+    ref = src_dask.compress(x, CHI, cutoff=1e-10, seed=1, chunk=CHUNK)  # unconstrained
+    assert max(ref.bond_dims) == 2
+    return x, ref
+
+
+def _limited_cluster(tmp_path):
+    return LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT,
+                        dashboard_address=":0", local_directory=str(tmp_path / "workers"))
+
+
+def _assert_same(y, ref):
+    for c, c0 in zip(y, ref, strict=True):
+        c, c0 = np.asarray(c), np.asarray(c0)
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_store_bounds_memory(problem, tmp_path):
+    x, ref = problem
+    with _limited_cluster(tmp_path) as cluster, Client(cluster) as client:
+        client.register_plugin(PeakRSS())
+        workers = set(client.scheduler_info()["workers"])
+        y = src_dask.compress(x, CHI, cutoff=1e-10, seed=1, chunk=CHUNK, client=client,
+                              store=tmp_path / "run")
+        _assert_same(y, ref)
+        peaks = _peaks(client)
+        assert set(peaks) == workers  # no worker was lost or restarted
+        assert all(p < LIMIT for p in peaks.values()), peaks
+
+
+def test_spilling_bounds_memory_without_a_store(problem, tmp_path):
+    x, ref = problem
+    with _limited_cluster(tmp_path) as cluster, Client(cluster) as client:
+        client.register_plugin(PeakRSS())
+        workers = set(client.scheduler_info()["workers"])
+        y = src_dask.compress(x, CHI, cutoff=1e-10, seed=1, chunk=CHUNK, client=client)
+        _assert_same(y, ref)
+        peaks = _peaks(client)
+        spilled = client.run(lambda dask_worker:
+                             dask_worker.data.cumulative_metrics[("disk-write", "bytes")])
+        assert set(peaks) == workers
+        assert all(p < LIMIT for p in peaks.values()), peaks
+        assert sum(spilled.values()) > env_bytes() / 2, spilled  # the envs went to disk
