@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_python_blocks_run():
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the examples write files
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 2

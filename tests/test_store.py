@@ -250,3 +250,21 @@ def test_resume_after_kill_in_pass1_redoes_only_unfinished_blocks(saved, tmp_pat
     assert counts["sketch_step"] == 7 * 2
     assert counts["pass2_step"] == 7
     _close(y, src_dask.apply(a, x, 10, seed=5, chunk=4, oversample=2))
+
+
+def test_a_full_disk_fails_early(tmp_path, counts):
+    """A real 1 MiB file system (where we may mount one; the test above covers the rest)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+            capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs root to mount a small file system")
+    try:
+        a, x = random_mpo(6, 4, seed=0), random_mps(6, 32, seed=0)
+        with pytest.raises(OSError, match=rf"{small}/run: the run store needs \d+ bytes"):
+            src_dask.apply(a, x, 64, store=small / "run")
+        assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert counts["sketch_step"] == 0
