@@ -93,3 +93,15 @@ def cluster_client():
             Client(cluster, set_as_default=False) as client:
         yield client
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a CUDA device (they run on the GPU machine)."""
+    from src_dask._cluster import has_gpu
+
+    if has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

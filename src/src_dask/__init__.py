@@ -9,10 +9,11 @@ compression (SRC), run as a Dask task graph.
 import logging
 
 from ._api import apply, compress, src
+from ._cluster import cluster
 from .storage import open, save
 from .trains import TensorTrain
 
-__all__ = ["TensorTrain", "apply", "compress", "open", "save", "src"]
+__all__ = ["TensorTrain", "apply", "cluster", "compress", "open", "save", "src"]
 __version__ = "0.1.0"
 
 logging.getLogger("src_dask").addHandler(logging.NullHandler())

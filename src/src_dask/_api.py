@@ -12,6 +12,7 @@ import dask
 import dask.utils
 
 from . import _graph, _random
+from ._cluster import choose_device
 from ._kernels import is_in_memory
 from ._runstore import RunStore
 from ._stack import Stack, make_stack
@@ -105,10 +106,11 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         cutoff=cutoff,
         key=_random.seed_key(seed),
         round=extra > 0,
+        device=choose_device(client, [c for f in stack.factors for c in f.train]),
     )
-    log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s",
+    log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s, on the %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
-             stack.dtype)
+             stack.dtype, plan.device.upper())
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, progress)
     # In-memory inputs travel inside the graph (not scattered: a lost worker

@@ -31,6 +31,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import _kernels as K
+from . import _oom
 from ._runstore import Progress, RunStore
 from ._stack import Stack
 
@@ -45,6 +46,7 @@ class Plan:
     cutoff: float
     key: int  # Philox key word from the seed
     round: bool  # exact rounding to chi_out after an oversampled sketch
+    device: str = "cpu"  # "cpu" (NumPy blocks) or "gpu" (CuPy blocks)
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -55,7 +57,13 @@ def _is_zarr(x: Any) -> bool:
     return type(x).__module__.startswith("zarr")
 
 
-def _read_whole(x: Any) -> Any:
+def _read_whole(x: Any, device: str = "cpu") -> Any:
+    """A whole Zarr array; on a GPU run straight into device memory (zarr's GPU buffers)."""
+    if device == "gpu":
+        import zarr
+
+        with zarr.config.enable_gpu():
+            return x[...]
     return x[...]
 
 
@@ -69,7 +77,8 @@ def _lazy(core: Any) -> Any:
 class _Graph:
     """A task graph under construction: keys, tasks and the input collections."""
 
-    def __init__(self, workers: list[str]) -> None:
+    def __init__(self, workers: list[str], device: str) -> None:
+        self.device = device
         self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
         self.workers = workers
@@ -100,7 +109,7 @@ class _Graph:
         """
         if _is_zarr(x):
             key = ("src_read-" + uuid.uuid4().hex,)
-            self.tasks[key] = (_read_whole, x)
+            self.tasks[key] = (partial(_read_whole, device=self.device), x)
             return key
         x = _lazy(x)
         if K.is_in_memory(x):
@@ -132,7 +141,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     """
     token = uuid.uuid4().hex
     n, blocks = stack.n, plan.blocks
-    g = _Graph(workers or [])
+    g = _Graph(workers or [], plan.device)
 
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
@@ -147,7 +156,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                               g.array(f.train.source(j)), kind=f.train.kind, site=j, n=n,
                               transpose=f.transpose, dtype=stack.dtype,
                               check=not K.is_in_memory(raw),
-                              name=f.train.name))
+                              name=f.train.name, device=plan.device))
         return keys
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
@@ -158,14 +167,10 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            kw = dict(seed_key=plan.key, site=j, start=start, stop=stop)
-            if store is None:
-                env = g.add((name("pass1", j), c), K.sketch_step, env, cores1[j], **kw)
-            else:  # the chain goes on in memory; pass 2 reads C from the store
-                env = g.add((name("pass1", j), c), _sketch_step_stored, env, cores1[j],
-                            store=store, block=c, last=j == n - 2, **kw)
-            g.pin(env, c)
-            envs[j + 1][c] = env
+            env = g.add((name("pass1", j), c), _pass1_task, env, cores1[j], seed_key=plan.key,
+                        site=j, start=start, stop=stop, run=token, store=store, block=c,
+                        last=j == n - 2)
+            envs[j + 1][c] = g.pin(env, c)
 
     # Pass 2: right to left. The state after site j is (η_j, Z_{j-1}).
     out: list[Any] = [None] * n
@@ -181,12 +186,12 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     for j in range(first, 0, -1):
         pieces = []
         for c, (start, stop) in enumerate(blocks):
-            if store is None:
-                piece = g.add((name("pass2", j), "sketch", c), K.sketch_piece, envs[j][c], state)
-            else:  # after block c's pass-1 chain (if this run does it) has written C_j
-                piece = g.add((name("pass2", j), "sketch", c), _sketch_piece_stored, state,
-                              envs[n - 1][c], store=store, site=j, start=start, stop=stop)
-            pieces.append(g.pin(piece, c))
+            # with a store: C_j is read from disk, after block c's chain (if this run
+            # does it) has written it
+            env = envs[j][c] if store is None else envs[n - 1][c]
+            pieces.append(g.pin(g.add((name("pass2", j), "sketch", c), _piece_task, env, state,
+                                      site=j, start=start, stop=stop, run=token, store=store),
+                                c))
         checkpoint = partial(store.write_pass2, j) if store else None
         state = g.add((name("pass2", j), "qr"), K.pass2_step, pieces, state, cores2[j - 1],
                       up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
@@ -207,21 +212,38 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     return g.delayed(g.add(f"src_result-{token}", list, results))
 
 
-def _sketch_step_stored(env: Any, cores: list[Any], *, store: RunStore, block: int, last: bool,
-                        **kw: Any) -> Any:
-    """Pass 1 with a run store: ``C_{j+1}`` goes to disk; the last site marks the block done."""
-    env = K.sketch_step(env, cores, **kw)
-    store.write_env(kw["site"] + 1, kw["start"], env)
+def _pass1_task(env: Any, cores: list[Any], *, seed_key: int, site: int, start: int, stop: int,
+                run: str, store: RunStore | None, block: int, last: bool) -> Any:
+    """One step of a block's pass-1 chain, in halves if it does not fit in memory.
+
+    With a run store ``C_{j+1}`` also goes to disk (pass 2 reads it there) and
+    the last site marks the block done.
+    """
+    def compute(a: int, b: int) -> Any:
+        part = None if env is None else env[a:b]
+        return K.sketch_step(part, cores, seed_key=seed_key, site=site, start=start + a,
+                             stop=start + b)
+
+    out = _oom.halving(compute, stop - start, xp=K.xp_of(cores[0]), run=run, step="pass 1",
+                       site=site, bytes_per_column=K.sketch_step_bytes(cores))
+    if store is None:
+        return out
+    store.write_env(site + 1, start, out)
     if last:
         store.mark_block_done(block)
         return None
-    return env
+    return out
 
 
-def _sketch_piece_stored(state: tuple[Any, Any], _after: Any, *, store: RunStore, site: int,
-                         start: int, stop: int) -> Any:
-    env = store.read_env(site, start, stop)
-    return K.sketch_piece(K.xp_of(state[1]).asarray(env), state)
+def _piece_task(env: Any, state: tuple[Any, Any], *, site: int, start: int, stop: int, run: str,
+                store: RunStore | None) -> Any:
+    """A block of pass 2's sketch, in halves if it does not fit in memory."""
+    xp = K.xp_of(state[1])
+    if store is not None:
+        env = xp.asarray(store.read_env(site, start, stop))
+    return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], state), stop - start, xp=xp,
+                        run=run, step="pass 2", site=site,
+                        bytes_per_column=K.sketch_piece_bytes(env, state))
 
 
 def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None, Any]:

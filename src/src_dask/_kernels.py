@@ -131,12 +131,17 @@ def _core_terms(k: int) -> list[str]:
 
 # -- input preparation ---------------------------------------------------------
 def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, dtype: np.dtype,
-                 check: bool, name: str) -> Any:
-    """A site core padded to rank 4 ``(a, b, up, down)`` in the working dtype.
+                 check: bool, name: str, device: str = "cpu") -> Any:
+    """A site core padded to rank 4 ``(a, b, up, down)`` in the working dtype,
+    on the run's device (``"gpu"``: a CuPy array).
 
     Lazy inputs (Dask, Zarr) reach here unread, so ``check`` tests their data
     for NaN/inf here; in-memory inputs were checked before the run.
     """
+    if device == "gpu":
+        import cupy
+
+        block = cupy.asarray(block)
     if check and not all_finite(block):
         raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
     if site == 0:
@@ -166,8 +171,31 @@ def sketch_step(env: Any | None, cores: list[Any], seed_key: int, site: int, sta
                        dtype=dtype)
     if env is None:
         env = xp.ones((stop - start,) + (1,) * k, dtype=dtype)
-    eq = f"s{a},s{x[0]}{x[k]}," + ",".join(_core_terms(k)) + f"->s{b}"
-    return contract(eq, env, omega, *cores)
+    return contract(_sketch_step_eq(k), env, omega, *cores)
+
+
+def _sketch_step_eq(k: int) -> str:
+    a, b, x = _symbols(k)
+    return f"s{a},s{x[0]}{x[k]}," + ",".join(_core_terms(k)) + f"->s{b}"
+
+
+def sketch_step_bytes(cores: list[Any]) -> int:
+    """Memory one sketch column of :func:`sketch_step` needs: its environment in
+    and out and the largest intermediate of the contraction."""
+    k = len(cores)
+    shapes = ((1,) + tuple(c.shape[0] for c in cores), (1, cores[0].shape[2], cores[-1].shape[3]),
+              *(tuple(c.shape) for c in cores))
+    steps, _ = _plan(_sketch_step_eq(k), shapes)
+    biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
+    env_in, env_out = prod(shapes[0]), prod(c.shape[1] for c in cores)
+    return (env_in + env_out + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
+
+
+def sketch_piece_bytes(env: Any, state: tuple[Any, Any]) -> int:
+    """Memory one sketch column of :func:`sketch_piece` needs (its row of C and of Mᵀ)."""
+    z = state[1]
+    k = env.ndim - 1
+    return (prod(env.shape[1:]) + prod(z.shape[k:])) * np.dtype(z.dtype).itemsize
 
 
 # -- pass 2: projection, orthonormalisation, environment update ----------------

@@ -1,0 +1,75 @@
+"""Out-of-memory halving: a block that does not fit is computed in halves.
+
+Dask's ``retries=`` would re-run a task unchanged, so the split belongs
+inside the task. A kernel over a block of sketch columns that raises an
+out-of-memory error (CuPy, RMM, cuBLAS/cuSOLVER workspaces, or ``MemoryError``)
+frees the memory pool's cached blocks and is computed again as two halves
+along the sketch axis, recursively down to one column; the halves are joined,
+so the result is unchanged. The split that worked is remembered in the worker
+process for the rest of the run, so later blocks start from it instead of
+failing again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("src_dask")
+
+#: (run token, step) -> the most columns a block of that step has fitted in
+_FITS: dict[tuple[str, str], int] = {}
+
+
+def is_oom(err: BaseException) -> bool:
+    if isinstance(err, MemoryError):  # cupy's OutOfMemoryError and RMM's are MemoryErrors
+        return True
+    text = str(err)
+    return "ALLOC_FAILED" in text or "out of memory" in text.lower()
+
+
+def _free_cached(xp: Any) -> None:
+    if xp.__name__ == "cupy":
+        xp.get_default_memory_pool().free_all_blocks()
+        xp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def halving(compute: Callable[[int, int], Any], columns: int, *, xp: Any, run: str, step: str,
+            site: int, bytes_per_column: int) -> Any:
+    """``compute(0, columns)``, or its pieces joined along axis 0 if it does not fit."""
+    return _in_pieces(compute, 0, columns, xp, (run, step), site, bytes_per_column)
+
+
+def _in_pieces(compute, a: int, b: int, xp, key: tuple[str, str], site: int,
+               per_col: int) -> Any:
+    """Columns a:b in pieces of the size that fits so far (re-read before each piece:
+    a failure here, or in a concurrent task of the run, shrinks it)."""
+    parts, lo = [], a
+    while lo < b:
+        hi = min(b, lo + _FITS.get(key, b - a))
+        parts.append(_attempt(compute, lo, hi, xp, key, site, per_col))
+        lo = hi
+    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=0)
+
+
+def _attempt(compute, a: int, b: int, xp, key: tuple[str, str], site: int, per_col: int) -> Any:
+    try:
+        return compute(a, b)
+    except Exception as err:
+        if not is_oom(err):
+            raise
+        _free_cached(xp)
+        step = key[1]
+        if b - a == 1:
+            raise MemoryError(
+                f"site {site}, {step}: one sketch column does not fit in device memory; "
+                f"it needs about {per_col / 2**20:.1f} MiB for its block and temporaries "
+                "(free device memory, or use fewer/larger GPUs)"
+            ) from err
+        half = (b - a + 1) // 2
+        _FITS[key] = min(_FITS.get(key, half), half)
+        log.warning("site %d, %s: out of memory on %d sketch columns (about %.1f MiB); "
+                    "computing it in blocks of %d columns from now on", site, step, b - a,
+                    per_col * (b - a) / 2**20, _FITS[key])
+        return _in_pieces(compute, a, b, xp, key, site, per_col)

@@ -1,0 +1,184 @@
+"""On the GPU (CuPy blocks through dask-cuda). Marked ``gpu``: run on the GPU machine
+with ``pytest -m gpu`` (see benchmarks/gpu_check.sh); skipped elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pytest
+from conftest import random_mpo, random_mps
+
+import src_dask
+
+pytestmark = pytest.mark.gpu
+
+
+def _same(y, ref, tol=1e-12):
+    assert all(isinstance(c, np.ndarray) for c in y)  # results reach the client as NumPy
+    for c, c0 in zip(y, ref, strict=True):
+        c, c0 = np.asarray(c), np.asarray(c0)
+        assert c.shape == c0.shape
+        assert np.abs(c - c0).max() <= tol * np.abs(c0).max()
+
+
+def _on(device, *trains, **options):
+    with dask.config.set({"src_dask.device": device}):
+        return src_dask.src(*trains, **options)
+
+
+STACKS = {
+    "mpo.mps": lambda dt: (random_mpo(12, 4, dtype=dt, seed=1),
+                           random_mps(12, 32, dtype=dt, seed=2)),
+    "mpo.mpo.mps": lambda dt: (random_mpo(8, 3, phys=3, dtype=dt, seed=1),
+                               random_mpo(8, 2, phys=3, dtype=dt, seed=2),
+                               random_mps(8, 9, phys=3, dtype=dt, seed=3)),
+    "bra.mpo": lambda dt: (random_mps(10, 16, dtype=dt, seed=4),
+                           random_mpo(10, 3, dtype=dt, seed=5)),
+    "mpo.mpo": lambda dt: (random_mpo(8, 4, dtype=dt, seed=6), random_mpo(8, 3, dtype=dt, seed=7)),
+    "compress": lambda dt: (random_mps(12, 40, dtype=dt, seed=8),),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("oversample", [0, "auto"])
+def test_gpu_equals_cpu(stack, dtype, oversample):
+    trains = STACKS[stack](dtype)
+    opts = dict(chi_out=24, seed=3, chunk=10, oversample=oversample)
+    _same(_on("gpu", *trains, **opts), _on("cpu", *trains, **opts))
+
+
+def test_cupy_inputs_run_on_the_gpu():
+    import cupy
+
+    a, x = STACKS["mpo.mps"](np.complex128)
+    ref = _on("cpu", a, x, chi_out=32, seed=1)
+    y = src_dask.apply([cupy.asarray(c) for c in a], [cupy.asarray(c) for c in x], 32, seed=1)
+    _same(y, ref)
+
+
+def test_zarr_inputs_and_store_on_the_gpu(tmp_path):
+    a, x = STACKS["mpo.mps"](np.complex128)
+    src_dask.save(a, tmp_path / "a")
+    src_dask.save(x, tmp_path / "x")
+    ref = _on("cpu", a, x, chi_out=32, seed=1, chunk=8)
+    za, zx = src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")
+    _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), ref)
+    y = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8, store=tmp_path / "run")
+    _same([np.asarray(c) for c in y], ref)
+
+
+def _halving_problem():
+    # C blocks of 2048 columns x (8 * 512) complex128 = 128 MiB, plus temporaries
+    return random_mpo(10, 8, seed=1), random_mps(10, 512, seed=2)
+
+
+def test_oom_halving_with_a_cupy_pool_limit(caplog):
+    import cupy
+
+    a, x = _halving_problem()
+    with dask.config.set({"src_dask.device": "gpu"}):
+        ref = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
+        pool = cupy.get_default_memory_pool()
+        pool.free_all_blocks()
+        pool.set_limit(size=160 * 2**20)
+        try:
+            with caplog.at_level(logging.WARNING, logger="src_dask"):
+                y = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
+        finally:
+            pool.set_limit(size=0)
+    _same(y, ref)
+    assert any("out of memory on" in r.getMessage() for r in caplog.records)
+
+
+def test_one_column_that_does_not_fit_on_the_gpu():
+    import cupy
+
+    a, x = _halving_problem()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    pool.set_limit(size=2**16)
+    try:
+        with dask.config.set({"src_dask.device": "gpu"}):
+            with pytest.raises(MemoryError, match=r"one sketch column does not fit in device "
+                                                  r"memory; it needs about [0-9.]+ MiB"):
+                src_dask.apply(a, x, 64, seed=0, chunk=64)
+    finally:
+        pool.set_limit(size=0)
+
+
+def test_cluster_is_one_worker_per_gpu_with_rmm():
+    import cupy
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    with src_dask.cluster(dashboard_address=":0") as cluster, Client(cluster) as client:
+        assert isinstance(cluster, LocalCUDACluster)
+        assert len(client.scheduler_info()["workers"]) == cupy.cuda.runtime.getDeviceCount()
+        a, x = STACKS["mpo.mps"](np.complex128)
+        _same(src_dask.apply(a, x, 32, seed=2, chunk=8, client=client),
+              _on("cpu", a, x, chi_out=32, seed=2, chunk=8))
+
+
+def test_device_spilling(tmp_path):
+    """Environments of ~1.9 GB on a worker allowed 256 MB of device memory."""
+    from distributed import Client
+
+    a, x = random_mpo(30, 8, seed=1), random_mps(30, 256, seed=2)  # C: 1024 x 2048 per site
+    ref = _on("cpu", a, x, chi_out=1024, seed=0, chunk=128)
+    with src_dask.cluster(gpus=1, device_memory_limit="256MB", memory_limit="16GB",
+                          local_directory=str(tmp_path), dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        y = src_dask.apply(a, x, 1024, seed=0, chunk=128, client=client)
+    _same(y, ref, tol=1e-11)
+
+
+def test_two_dask_cuda_workers_sharing_one_gpu(tmp_path):
+    from distributed import Client
+
+    a, x = STACKS["mpo.mps"](np.complex128)
+    ref = _on("gpu", a, x, chi_out=32, seed=5, chunk=8)
+    sched = tmp_path / "scheduler.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    bin_dir = os.path.dirname(sys.executable)
+    dask_cli = [sys.executable, "-m", "dask"] if not os.path.exists(f"{bin_dir}/dask") else \
+        [f"{bin_dir}/dask"]
+    procs = [subprocess.Popen([*dask_cli, "scheduler", "--scheduler-file", str(sched),
+                               "--dashboard-address", ":0"], env=env)]
+    try:
+        for _ in range(100):
+            if sched.exists():
+                break
+            time.sleep(0.2)
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [*dask_cli, "cuda", "worker", "--scheduler-file", str(sched),
+                 "--device-memory-limit", "0.4", "--local-directory", str(tmp_path / f"w{i}")],
+                env=env))
+        with Client(scheduler_file=str(sched)) as client:
+            client.wait_for_workers(2, timeout=120)
+            y = src_dask.apply(a, x, 32, seed=5, chunk=8, client=client)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(30)
+    _same(y, ref)
+
+
+def test_ucx():
+    pytest.importorskip("distributed_ucxx")
+    from distributed import Client
+
+    a, x = STACKS["mpo.mps"](np.complex128)
+    ref = _on("cpu", a, x, chi_out=32, seed=6, chunk=8)
+    with src_dask.cluster(protocol="ucx", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert client.scheduler.address.startswith("ucx")
+        y = src_dask.apply(a, x, 32, seed=6, chunk=8, client=client)
+    _same(y, ref)

@@ -1,0 +1,84 @@
+"""Out-of-memory halving, on the CPU with a simulated allocator limit."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import random_mpo, random_mps
+
+import src_dask
+from src_dask import _kernels as K
+from src_dask import _oom
+
+
+class _Allocator:
+    """A simulated device allocator: a block of more than ``limit`` sketch columns
+    raises MemoryError, as CuPy's pool does when it cannot allocate."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.refused = {"sketch_step": 0, "sketch_piece": 0}
+
+    def wrap(self, name: str, func, columns):
+        def kernel(*args, **kwargs):
+            if columns(*args, **kwargs) > self.limit:
+                self.refused[name] += 1
+                raise MemoryError("Out of memory allocating 1,234 bytes (simulated)")
+            return func(*args, **kwargs)
+        return kernel
+
+
+@pytest.fixture
+def allocator(monkeypatch):
+    def install(limit: int) -> _Allocator:
+        alloc = _Allocator(limit)
+        monkeypatch.setattr(K, "sketch_step", alloc.wrap(
+            "sketch_step", K.sketch_step, lambda *a, **kw: kw["stop"] - kw["start"]))
+        monkeypatch.setattr(K, "sketch_piece", alloc.wrap(
+            "sketch_piece", K.sketch_piece, lambda env, state: env.shape[0]))
+        return alloc
+    return install
+
+
+def test_halving_gives_the_same_result_and_keeps_the_split(allocator, caplog):
+    a, x = random_mpo(8, 3, seed=1), random_mps(8, 6, seed=2)
+    ref = src_dask.apply(a, x, 24, seed=4, chunk=12)
+    alloc = allocator(limit=4)
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        y = src_dask.apply(a, x, 24, seed=4, chunk=12)
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+    # 12 -> 6 -> 3 columns: two refusals per block the first time (the two blocks may
+    # race at the first site); later sites start at 3 and are never refused
+    assert 2 <= alloc.refused["sketch_step"] <= 2 * 2
+    assert 2 <= alloc.refused["sketch_piece"] <= 2 * 2
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("pass 1" in m and "site 0" in m and "out of memory on 12 sketch columns" in m
+               for m in warned), warned
+    assert any("pass 2" in m and "in blocks of 3 columns from now on" in m for m in warned)
+
+
+def test_one_column_that_does_not_fit_says_how_much_is_needed(allocator):
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 6, seed=2)
+    allocator(limit=0)
+    with pytest.raises(MemoryError, match=r"site 0, pass 1: one sketch column does not fit "
+                                          r"in device memory; it needs about [0-9.]+ MiB"):
+        src_dask.apply(a, x, 8, seed=0, chunk=8)
+
+
+def test_other_errors_are_not_taken_for_memory(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not a memory problem")
+
+    monkeypatch.setattr(K, "sketch_step", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        src_dask.apply(random_mpo(5, 2, seed=0), random_mps(5, 2, seed=0), 4, seed=0)
+
+
+def test_oom_recognised_from_gpu_libraries():
+    assert _oom.is_oom(MemoryError("std::bad_alloc: out_of_memory: RMM failure"))
+    assert _oom.is_oom(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED"))
+    assert _oom.is_oom(RuntimeError("cudaErrorMemoryAllocation: out of memory"))
+    assert not _oom.is_oom(ValueError("shapes do not match"))
