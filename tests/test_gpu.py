@@ -19,12 +19,16 @@ import src_dask
 pytestmark = pytest.mark.gpu
 
 
-def _same(y, ref, tol=1e-12):
-    assert all(isinstance(c, np.ndarray) for c in y)  # results reach the client as NumPy
+def _same(y, ref, tol=1e-12, dense=True):
+    """The same train: the product to ``tol`` (relative), and core by core (the
+    gauge is canonical) to rounding amplified by the QR/SVD condition."""
     for c, c0 in zip(y, ref, strict=True):
         c, c0 = np.asarray(c), np.asarray(c0)
         assert c.shape == c0.shape
-        assert np.abs(c - c0).max() <= tol * np.abs(c0).max()
+        assert np.abs(c - c0).max() <= 1e3 * tol * np.abs(c0).max()
+    if dense:
+        d, d0 = y.to_dense(), ref.to_dense()
+        assert np.linalg.norm(d - d0) <= tol * np.linalg.norm(d0)
 
 
 def _on(device, *trains, **options):
@@ -60,6 +64,7 @@ def test_cupy_inputs_run_on_the_gpu():
     a, x = STACKS["mpo.mps"](np.complex128)
     ref = _on("cpu", a, x, chi_out=32, seed=1)
     y = src_dask.apply([cupy.asarray(c) for c in a], [cupy.asarray(c) for c in x], 32, seed=1)
+    assert all(isinstance(c, np.ndarray) for c in y)  # results reach the client as NumPy
     _same(y, ref)
 
 
@@ -71,7 +76,7 @@ def test_zarr_inputs_and_store_on_the_gpu(tmp_path):
     za, zx = src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")
     _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), ref)
     y = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8, store=tmp_path / "run")
-    _same([np.asarray(c) for c in y], ref)
+    _same(y, ref)
 
 
 def _halving_problem():
@@ -136,7 +141,8 @@ def test_device_spilling(tmp_path):
                           local_directory=str(tmp_path), dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         y = src_dask.apply(a, x, 1024, seed=0, chunk=128, client=client)
-    _same(y, ref, tol=1e-11)
+    assert all(isinstance(c, np.ndarray) for c in y)  # results reach the client as NumPy
+    _same(y, ref, dense=False)
 
 
 def test_two_dask_cuda_workers_sharing_one_gpu(tmp_path):
