@@ -80,7 +80,8 @@ def test_zarr_inputs_and_store_on_the_gpu(tmp_path):
 
 
 def _halving_problem():
-    # C blocks of 2048 columns x (8 * 512) complex128 = 128 MiB, plus temporaries
+    # C blocks of 2048 columns x (8 * 512) complex128 = 128 MiB in and out, and a
+    # 256 MiB intermediate (C·T_mps) when done whole
     return random_mpo(10, 8, seed=1), random_mps(10, 512, seed=2)
 
 
@@ -92,7 +93,7 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
         ref = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
         pool = cupy.get_default_memory_pool()
         pool.free_all_blocks()
-        pool.set_limit(size=160 * 2**20)
+        pool.set_limit(size=448 * 2**20)
         try:
             with caplog.at_level(logging.WARNING, logger="src_dask"):
                 y = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
@@ -103,17 +104,19 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
 
 
 def test_one_column_that_does_not_fit_on_the_gpu():
+    """Five trains of bond 16: tiny cores, but one column of C holds 16**5 numbers (16 MiB)."""
     import cupy
 
-    a, x = _halving_problem()
+    trains = [random_mpo(6, 16, seed=i) for i in range(4)] + [random_mps(6, 16, seed=9)]
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
-    pool.set_limit(size=2**16)
+    pool.set_limit(size=8 * 2**20)
     try:
         with dask.config.set({"src_dask.device": "gpu"}):
-            with pytest.raises(MemoryError, match=r"one sketch column does not fit in device "
-                                                  r"memory; it needs about [0-9.]+ MiB"):
-                src_dask.apply(a, x, 64, seed=0, chunk=64)
+            with pytest.raises(MemoryError, match=r"site 0, pass 1: one sketch column does not "
+                                                  r"fit in device memory; it needs about "
+                                                  r"[0-9.]+ MiB"):
+                src_dask.src(*trains, chi_out=8, seed=0, chunk=8)
     finally:
         pool.set_limit(size=0)
 
@@ -187,4 +190,27 @@ def test_ucx():
             Client(cluster) as client:
         assert client.scheduler.address.startswith("ucx")
         y = src_dask.apply(a, x, 32, seed=6, chunk=8, client=client)
+    _same(y, ref)
+
+
+def test_resume_on_the_gpu(tmp_path):
+    """A run stopped in pass 2 (here: by an error) resumes on the GPU, oversampled."""
+    from src_dask import _kernels as K
+
+    a, x = STACKS["mpo.mps"](np.complex128)
+    ref = _on("cpu", a, x, chi_out=24, seed=2, chunk=8, oversample=4)
+    original = K.pass2_step
+
+    def failing(*args, **kwargs):
+        if kwargs["site"] == 5:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    K.pass2_step = failing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _on("gpu", a, x, chi_out=24, seed=2, chunk=8, oversample=4, store=tmp_path / "r")
+    finally:
+        K.pass2_step = original
+    y = _on("gpu", a, x, chi_out=24, seed=2, chunk=8, oversample=4, store=tmp_path / "r")
     _same(y, ref)

@@ -60,10 +60,9 @@ def _is_zarr(x: Any) -> bool:
 def _read_whole(x: Any, device: str = "cpu") -> Any:
     """A whole Zarr array; on a GPU run straight into device memory (zarr's GPU buffers)."""
     if device == "gpu":
-        import zarr
+        from zarr.core.buffer import gpu
 
-        with zarr.config.enable_gpu():
-            return x[...]
+        return x.get_basic_selection(Ellipsis, prototype=gpu.buffer_prototype)
     return x[...]
 
 
@@ -182,7 +181,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         state = g.add((name("pass2", first), "resume"), _resume_pass2, cores2[first],
                       store=store, site=first)
     for j in range(n - 1, first, -1):
-        out[j] = g.add((name("pass2", j), "core"), store.read_eta, j)
+        out[j] = g.add((name("pass2", j), "core"), _stored_eta, store=store, site=j,
+                       device=plan.device)
     for j in range(first, 0, -1):
         pieces = []
         for c, (start, stop) in enumerate(blocks):
@@ -244,6 +244,16 @@ def _piece_task(env: Any, state: tuple[Any, Any], *, site: int, start: int, stop
     return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], state), stop - start, xp=xp,
                         run=run, step="pass 2", site=site,
                         bytes_per_column=K.sketch_piece_bytes(env, state))
+
+
+def _stored_eta(*, store: RunStore, site: int, device: str) -> Any:
+    """η of a site an earlier run finished, on this run's device."""
+    eta = store.read_eta(site)
+    if device == "gpu":
+        import cupy
+
+        eta = cupy.asarray(eta)
+    return eta
 
 
 def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None, Any]:

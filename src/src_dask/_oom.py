@@ -37,29 +37,50 @@ def _free_cached(xp: Any) -> None:
 
 def halving(compute: Callable[[int, int], Any], columns: int, *, xp: Any, run: str, step: str,
             site: int, bytes_per_column: int) -> Any:
-    """``compute(0, columns)``, or its pieces joined along axis 0 if it does not fit."""
-    return _in_pieces(compute, 0, columns, xp, (run, step), site, bytes_per_column)
+    """``compute(0, columns)``, or the same computed in pieces if it does not fit.
+
+    Pieces are written into one output buffer as they come, so a split run
+    needs the block's input and output plus one piece's temporaries.
+    """
+    out = _Output(xp, columns)
+    _in_pieces(compute, 0, columns, out, (run, step), site, bytes_per_column)
+    return out.array
 
 
-def _in_pieces(compute, a: int, b: int, xp, key: tuple[str, str], site: int,
-               per_col: int) -> Any:
+class _Output:
+    """The block's result, allocated when its first piece arrives."""
+
+    def __init__(self, xp: Any, rows: int):
+        self.xp, self.rows, self.array = xp, rows, None
+
+    def put(self, a: int, b: int, part: Any) -> None:
+        if a == 0 and b == self.rows:
+            self.array = part
+            return
+        if self.array is None:
+            self.array = self.xp.empty((self.rows, *part.shape[1:]), dtype=part.dtype)
+        self.array[a:b] = part
+
+
+def _in_pieces(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
+               per_col: int) -> None:
     """Columns a:b in pieces of the size that fits so far (re-read before each piece:
     a failure here, or in a concurrent task of the run, shrinks it)."""
-    parts, lo = [], a
+    lo = a
     while lo < b:
         hi = min(b, lo + _FITS.get(key, b - a))
-        parts.append(_attempt(compute, lo, hi, xp, key, site, per_col))
+        _attempt(compute, lo, hi, out, key, site, per_col)
         lo = hi
-    return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=0)
 
 
-def _attempt(compute, a: int, b: int, xp, key: tuple[str, str], site: int, per_col: int) -> Any:
+def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
+             per_col: int) -> None:
     try:
-        return compute(a, b)
+        part = compute(a, b)
     except Exception as err:
         if not is_oom(err):
             raise
-        _free_cached(xp)
+        _free_cached(out.xp)
         step = key[1]
         if b - a == 1:
             raise MemoryError(
@@ -72,4 +93,6 @@ def _attempt(compute, a: int, b: int, xp, key: tuple[str, str], site: int, per_c
         log.warning("site %d, %s: out of memory on %d sketch columns (about %.1f MiB); "
                     "computing it in blocks of %d columns from now on", site, step, b - a,
                     per_col * (b - a) / 2**20, _FITS[key])
-        return _in_pieces(compute, a, b, xp, key, site, per_col)
+        _in_pieces(compute, a, b, out, key, site, per_col)
+        return
+    out.put(a, b, part)
