@@ -203,12 +203,12 @@ def test_resume_on_the_gpu(tmp_path):
 
     def failing(*args, **kwargs):
         if kwargs["site"] == 5:
-            raise KeyboardInterrupt
+            raise RuntimeError("stopped at site 5")
         return original(*args, **kwargs)
 
     K.pass2_step = failing
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(RuntimeError, match="stopped"):
             _on("gpu", a, x, chi_out=24, seed=2, chunk=8, oversample=4, store=tmp_path / "r")
     finally:
         K.pass2_step = original
