@@ -104,10 +104,12 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
 
 
 def test_one_column_that_does_not_fit_on_the_gpu():
-    """Five trains of bond 16: tiny cores, but one column of C holds 16**5 numbers (16 MiB)."""
+    """Five trains of bond 16: tiny cores, but one column of C holds 16**5 numbers
+    (16 MiB); the last bonds are 2, so pass 2 starts small."""
     import cupy
 
-    trains = [random_mpo(6, 16, seed=i) for i in range(4)] + [random_mps(6, 16, seed=9)]
+    bonds = [16, 16, 16, 16, 2]
+    trains = [random_mpo(6, bonds, seed=i) for i in range(4)] + [random_mps(6, bonds, seed=9)]
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
     pool.set_limit(size=8 * 2**20)

@@ -176,7 +176,9 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     first = progress.pass2_next if progress else n - 1
     cores2 = {j: load(j, 2) for j in range(first + 1)}
     if first == n - 1:
-        state = g.add((name("pass2", n - 1), "project"), K.start_pass2, cores2[n - 1])
+        state = g.add((name("pass2", n - 1), "project"),
+                      _oom.naming_the_site(K.start_pass2, site=n - 1, step="pass 2"),
+                      cores2[n - 1])
     else:
         state = g.add((name("pass2", first), "resume"), _resume_pass2, cores2[first],
                       store=store, site=first)
@@ -193,7 +195,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                                       site=j, start=start, stop=stop, run=token, store=store),
                                 c))
         checkpoint = partial(store.write_pass2, j) if store else None
-        state = g.add((name("pass2", j), "qr"), K.pass2_step, pieces, state, cores2[j - 1],
+        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, state, cores2[j - 1],
                       up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
                       max_rank=stack.max_rank(j), site=j, checkpoint=checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
@@ -244,6 +246,11 @@ def _piece_task(env: Any, state: tuple[Any, Any], *, site: int, start: int, stop
     return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], state), stop - start, xp=xp,
                         run=run, step="pass 2", site=site,
                         bytes_per_column=K.sketch_piece_bytes(env, state))
+
+
+def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
+    return _oom.naming_the_site(K.pass2_step, site=site, step="pass 2")(*args, site=site,
+                                                                        **kwargs)
 
 
 def _stored_eta(*, store: RunStore, site: int, device: str) -> Any:

@@ -76,23 +76,41 @@ def _in_pieces(compute, a: int, b: int, out: _Output, key: tuple[str, str], site
 def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
              per_col: int) -> None:
     try:
-        part = compute(a, b)
+        out.put(a, b, compute(a, b))
+        return
     except Exception as err:
         if not is_oom(err):
             raise
-        _free_cached(out.xp)
-        step = key[1]
         if b - a == 1:
             raise MemoryError(
-                f"site {site}, {step}: one sketch column does not fit in device memory; "
+                f"site {site}, {key[1]}: one sketch column does not fit in device memory; "
                 f"it needs about {per_col / 2**20:.1f} MiB for its block and temporaries "
                 "(free device memory, or use fewer/larger GPUs)"
             ) from err
-        half = (b - a + 1) // 2
-        _FITS[key] = min(_FITS.get(key, half), half)
-        log.warning("site %d, %s: out of memory on %d sketch columns (about %.1f MiB); "
-                    "computing it in blocks of %d columns from now on", site, step, b - a,
-                    per_col * (b - a) / 2**20, _FITS[key])
-        _in_pieces(compute, a, b, out, key, site, per_col)
-        return
-    out.put(a, b, part)
+    # Out of the except clause: the failed attempt's temporaries, which its
+    # traceback holds on to, are released before the pool is emptied.
+    _free_cached(out.xp)
+    half = (b - a + 1) // 2
+    _FITS[key] = min(_FITS.get(key, half), half)
+    log.warning("site %d, %s: out of memory on %d sketch columns (about %.1f MiB); "
+                "computing it in blocks of %d columns from now on", site, key[1], b - a,
+                per_col * (b - a) / 2**20, _FITS[key])
+    _in_pieces(compute, a, b, out, key, site, per_col)
+
+
+def naming_the_site(kernel: Callable[..., Any], *, site: int, step: str) -> Callable[..., Any]:
+    """``kernel`` whose out-of-memory errors say which site and step ran out.
+
+    For the per-site steps that have no sketch axis to split (the QR and the
+    projections of pass 2).
+    """
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return kernel(*args, **kwargs)
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            raise MemoryError(f"site {site}, {step}: out of device memory ({err}); this step "
+                              "cannot be split, so the site needs a GPU with more free "
+                              "memory") from err
+    return run
