@@ -85,7 +85,9 @@ def _halving_problem():
     return random_mpo(10, 8, seed=1), random_mps(10, 512, seed=2)
 
 
-def test_oom_halving_with_a_cupy_pool_limit(caplog):
+def test_oom_halving_with_a_cupy_pool_limit(caplog, tmp_path):
+    """With a store, so that finished environments leave the device (without one they
+    stay there for pass 2, and in this one-process test nothing spills them)."""
     import cupy
 
     a, x = _halving_problem()
@@ -96,7 +98,7 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
         pool.set_limit(size=448 * 2**20)
         try:
             with caplog.at_level(logging.WARNING, logger="src_dask"):
-                y = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
+                y = src_dask.apply(a, x, 2048, seed=0, chunk=2048, store=tmp_path / "run")
         finally:
             pool.set_limit(size=0)
     _same(y, ref)
