@@ -1,0 +1,47 @@
+"""The driver of examples/slurm/src_dask.sbatch: connect, run src on Zarr trains.
+
+    python driver.py --scheduler-file scheduler.json --inputs DIR --store run.zarr
+
+DIR holds the factors of the product saved with ``src_dask.save`` as
+``DIR/0``, ``DIR/1``, … (leftmost first). The result stays in the run store
+(``run.zarr/result``); rerunning the same command after an interruption
+resumes the run.
+"""
+# ruff: noqa: T201
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from distributed import Client
+
+import src_dask
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--scheduler-file", required=True)
+    p.add_argument("--inputs", required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--chi-out", type=int, default=1000)
+    p.add_argument("--oversample", default="0")
+    p.add_argument("--workers", type=int, default=1, help="wait for this many workers")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    factors = sorted((d for d in os.listdir(args.inputs) if d.isdigit()), key=int)
+    trains = [src_dask.open(os.path.join(args.inputs, d)) for d in factors]
+    oversample = args.oversample if args.oversample == "auto" else int(args.oversample)
+    with Client(scheduler_file=args.scheduler_file) as client:
+        client.wait_for_workers(args.workers)
+        print(f"dashboard: {client.dashboard_link}; {len(client.nthreads())} workers")
+        t0 = time.perf_counter()
+        y = src_dask.src(*trains, chi_out=args.chi_out, oversample=oversample,
+                         seed=args.seed, client=client, store=args.store)
+        print(f"{y}\nwritten to {args.store}/result in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
