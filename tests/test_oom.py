@@ -35,7 +35,7 @@ def allocator(monkeypatch):
     def install(limit: int) -> _Allocator:
         alloc = _Allocator(limit)
         monkeypatch.setattr(K, "sketch_step", alloc.wrap(
-            "sketch_step", K.sketch_step, lambda *a, **kw: kw["stop"] - kw["start"]))
+            "sketch_step", K.sketch_step, lambda *a, **kw: kw["omega"].shape[0]))
         monkeypatch.setattr(K, "sketch_piece", alloc.wrap(
             "sketch_piece", K.sketch_piece, lambda env, state: env.shape[0]))
         return alloc

@@ -95,12 +95,22 @@ def test_sketch_columns_depend_only_on_seed_site_and_column():
     parts = np.concatenate([_random.sketch_block(key, 3, a, b, (2, 3), np.complex128)
                             for a, b in [(0, 7), (7, 8), (8, 50)]])
     np.testing.assert_array_equal(whole, parts)
-    # a fresh counter-based stream per column gives the same numbers
-    # (uint64 arrays: Philox turns a list of Python ints >= 2**63 into float64)
-    col = np.random.Generator(np.random.Philox(key=np.array([key, 3], dtype=np.uint64),
-                                               counter=np.array([0, 9, 0, 0], dtype=np.uint64)))
-    draws = col.standard_normal(12)
-    np.testing.assert_array_equal(whole[9].ravel(), (draws[:6] + 1j * draws[6:]) / np.sqrt(2))
+    # the definition, written out for one column (site 3, column 9): SplitMix64 of the
+    # Weyl sequence at counter (9 << 32) + i + 1, then Box-Muller on pairs
+    origin = int(np.random.SeedSequence([key, 3]).generate_state(1, np.uint64)[0])
+    m = 2**64 - 1
+    uniform = []
+    for i in range(12):
+        z = (origin + (((9 << 32) + i + 1) * 0x9E3779B97F4A7C15)) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        z ^= z >> 31
+        uniform.append(((z >> 11) + 0.5) * 2.0**-53)
+    u = np.array(uniform)
+    r, t = np.sqrt(-2 * np.log(u[0::2])), 2 * np.pi * u[1::2]
+    draws = np.concatenate([r * np.cos(t), r * np.sin(t)])
+    np.testing.assert_allclose(whole[9].ravel(), (draws[:6] + 1j * draws[6:]) / np.sqrt(2),
+                               rtol=1e-13)
     # other sites and neighbouring columns are not correlated copies
     assert not np.allclose(whole[10], whole[9])
     assert not np.allclose(_random.sketch_block(key, 4, 9, 10, (2, 3), np.complex128)[0], whole[9])

@@ -31,7 +31,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import _kernels as K
-from . import _oom
+from . import _oom, _random
 from ._runstore import Progress, RunStore
 from ._stack import Stack
 
@@ -145,17 +145,23 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     def name(step: str, j: int) -> str:
         return f"src_{step}_site{j}-{token}"
 
+    loaded: dict[tuple[int, int], Any] = {}
+
     def load(j: int, sweep: int) -> list[Any]:
-        """Site j's cores for one pass; lazy inputs are read anew for each pass,
-        so no core waits in memory from pass 1 to pass 2."""
+        """Site j's cores for one pass. Lazy inputs are read anew for each pass, so
+        no core waits in memory from pass 1 to pass 2; in-memory ones (already in
+        memory) are prepared once for both passes."""
         keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
-            keys.append(g.add((name("load", j), sweep, i), K.prepare_core,
-                              g.array(f.train.source(j)), kind=f.train.kind, site=j, n=n,
-                              transpose=f.transpose, dtype=stack.dtype,
-                              check=not K.is_in_memory(raw),
-                              name=f.train.name, device=plan.device))
+            shared = K.is_in_memory(raw)
+            if not (shared and (j, i) in loaded):
+                loaded[(j, i)] = g.add((name("load", j), 0 if shared else sweep, i),
+                                       K.prepare_core, g.array(f.train.source(j)),
+                                       kind=f.train.kind, site=j, n=n, transpose=f.transpose,
+                                       dtype=stack.dtype, check=not shared,
+                                       name=f.train.name, device=plan.device)
+            keys.append(loaded[(j, i)])
         return keys
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
@@ -166,9 +172,9 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            env = g.add((name("pass1", j), c), _pass1_task, env, cores1[j], seed_key=plan.key,
-                        site=j, start=start, stop=stop, run=token, store=store, block=c,
-                        last=j == n - 2)
+            env = g.add((name("pass1", j), c), _pass1_task, env, cores1[j], site=j,
+                        start=start, stop=stop, run=token, store=store, block=c,
+                        last=j == n - 2, seed_key=plan.key, legs=(stack.up(j), stack.down(j)))
             envs[j + 1][c] = g.pin(env, c)
 
     # Pass 2: right to left. The state after site j is (η_j, Z_{j-1}).
@@ -214,17 +220,19 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     return g.delayed(g.add(f"src_result-{token}", list, results))
 
 
-def _pass1_task(env: Any, cores: list[Any], *, seed_key: int, site: int, start: int, stop: int,
-                run: str, store: RunStore | None, block: int, last: bool) -> Any:
+def _pass1_task(env: Any, cores: list[Any], *, site: int, start: int, stop: int, run: str,
+                store: RunStore | None, block: int, last: bool, seed_key: int,
+                legs: tuple[int, int]) -> Any:
     """One step of a block's pass-1 chain, in halves if it does not fit in memory.
 
     With a run store ``C_{j+1}`` also goes to disk (pass 2 reads it there) and
     the last site marks the block done.
     """
+    omega = _random.sketch_block(seed_key, site, start, stop, legs, cores[0].dtype)
+
     def compute(a: int, b: int) -> Any:
         part = None if env is None else env[a:b]
-        return K.sketch_step(part, cores, seed_key=seed_key, site=site, start=start + a,
-                             stop=start + b)
+        return K.sketch_step(part, cores, omega=omega[a:b], site=site)
 
     out = _oom.halving(compute, stop - start, xp=K.xp_of(cores[0]), run=run, step="pass 1",
                        site=site, bytes_per_column=K.sketch_step_bytes(cores))

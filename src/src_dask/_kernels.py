@@ -24,8 +24,6 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
-from . import _random
-
 
 # -- array namespace ----------------------------------------------------------
 def is_in_memory(x: Any) -> bool:
@@ -156,21 +154,18 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
 
 
 # -- pass 1: sketched left environments ----------------------------------------
-def sketch_step(env: Any | None, cores: list[Any], seed_key: int, site: int, start: int,
-                stop: int) -> Any:
-    """``C_{j+1}[s, b..] = Σ C_j[s, a..] Ω_j[s, x_0, x_k] Π T_i[j]`` for columns start:stop.
+def sketch_step(env: Any | None, cores: list[Any], *, omega: np.ndarray, site: int) -> Any:
+    """``C_{j+1}[s, b..] = Σ C_j[s, a..] Ω_j[s, x_0, x_k] Π T_i[j]`` for a block of columns.
 
-    ``env`` is None at site 0, where ``C_0 = 1``.
+    ``env`` is None at site 0, where ``C_0 = 1``; ``omega`` is the block's
+    Gaussian test vectors (host memory, drawn by :func:`_random.sketch_block`).
     """
     k = len(cores)
-    a, b, x = _symbols(k)
     xp = xp_of(cores[0])
     dtype = cores[0].dtype
-    up, down = cores[0].shape[2], cores[-1].shape[3]
-    omega = xp.asarray(_random.sketch_block(seed_key, site, start, stop, (up, down), dtype),
-                       dtype=dtype)
+    omega = xp.asarray(omega, dtype=dtype)
     if env is None:
-        env = xp.ones((stop - start,) + (1,) * k, dtype=dtype)
+        env = xp.ones((omega.shape[0],) + (1,) * k, dtype=dtype)
     return contract(_sketch_step_eq(k), env, omega, *cores)
 
 
@@ -272,6 +267,10 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
             f"site {site}: the sketch contains NaN or inf (overflow? rescale the inputs)"
         )
     m = mt.T
+    if cutoff == 0 and m.shape[1] > max_rank:
+        # The range has at most max_rank dimensions: the leading max_rank sketch
+        # columns span it (with probability one), so no SVD is needed to find it.
+        m = m[:, :max_rank]
     q, r = xp.linalg.qr(m)
     if cutoff > 0 or q.shape[1] > max_rank:
         u, sv, _ = xp.linalg.svd(r, full_matrices=False)
