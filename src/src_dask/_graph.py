@@ -4,13 +4,15 @@ Keys are named ``src_<step>_site<j>-<token>``, so Dask's dashboard groups the
 tasks by step and site and shows where a run is:
 
 ``src_load_site<j>``
-    read, pad and cast the input cores of site ``j`` (one task per factor);
+    read, pad and cast the input cores of site ``j`` (one task per factor;
+    lazy inputs once per pass);
 ``src_pass1_site<j>``
     the sketch chain ``C_j → C_{j+1}``, one task per block of sketch columns —
     the blocks never talk to each other, so pass 1 is embarrassingly parallel;
 ``src_pass2_site<j>``
-    the projected core ``Z`` (one task), a piece of the sketch per column block
-    (runs where that block's ``C_j`` lives), one QR, and the update of ``S``;
+    a piece of the sketch per column block (runs where that block's ``C_j``
+    lives), then one task for the QR, the update of ``S`` and the projected
+    core ``Z`` of the next site;
 ``src_round_site<j>``
     the exact rounding sweep of oversampled runs;
 ``src_result_site<j>``
@@ -44,7 +46,7 @@ class Plan:
     chunk: int  # sketch columns per block
     chi_out: int
     cutoff: float
-    key: int  # Philox key word from the seed
+    key: int  # key word of the sketch's counter-based generator, from the seed
     round: bool  # exact rounding to chi_out after an oversampled sketch
     device: str = "cpu"  # "cpu" (NumPy blocks) or "gpu" (CuPy blocks)
 
@@ -263,12 +265,7 @@ def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
 
 def _stored_eta(*, store: RunStore, site: int, device: str) -> Any:
     """η of a site an earlier run finished, on this run's device."""
-    eta = store.read_eta(site)
-    if device == "gpu":
-        import cupy
-
-        eta = cupy.asarray(eta)
-    return eta
+    return K.on_device(store.read_eta(site), device)
 
 
 def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None, Any]:

@@ -40,6 +40,15 @@ def xp_of(x: Any):
     return np
 
 
+def on_device(x: Any, device: str) -> Any:
+    """``x`` as a CuPy array for ``device="gpu"``, unchanged otherwise."""
+    if device == "gpu":
+        import cupy
+
+        return cupy.asarray(x)
+    return x
+
+
 def all_finite(x: Any) -> bool:
     if np.dtype(x.dtype).kind not in "fc":
         return True
@@ -136,10 +145,7 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
     Lazy inputs (Dask, Zarr) reach here unread, so ``check`` tests their data
     for NaN/inf here; in-memory inputs were checked before the run.
     """
-    if device == "gpu":
-        import cupy
-
-        block = cupy.asarray(block)
+    block = on_device(block, device)
     if check and not all_finite(block):
         raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
     if site == 0:
@@ -248,11 +254,12 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
     """``η[q, r, x_0, x_k]``: an orthonormal basis of the sketch's range, as rows.
 
     ``max_rank`` bounds the rank of the exact product at this cut (the product
-    of the input bonds, or of the physical dimensions to the left); a wider
-    sketch keeps only that many of its leading directions, so bonds never
-    exceed what the product can have. With ``cutoff > 0`` directions whose
-    singular values (of the triangular factor) fall below ``cutoff · σ_max``
-    are dropped too, keeping at least one.
+    of the input bonds, or of the physical dimensions to the left). The range
+    has at most that many dimensions, so the leading ``max_rank`` sketch
+    columns span it (with probability one): bonds never exceed what the
+    product can have, and no SVD is needed. With ``cutoff > 0`` the directions
+    whose singular values (of the triangular factor) fall below
+    ``cutoff · σ_max`` are dropped, keeping at least one.
 
     The basis is canonical, a continuous function of the sketch: the QR has a
     real positive diagonal, and a truncated range is spanned by the leading
@@ -267,19 +274,16 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
             f"site {site}: the sketch contains NaN or inf (overflow? rescale the inputs)"
         )
     m = mt.T
-    if cutoff == 0 and m.shape[1] > max_rank:
-        # The range has at most max_rank dimensions: the leading max_rank sketch
-        # columns span it (with probability one), so no SVD is needed to find it.
-        m = m[:, :max_rank]
-    q, r = xp.linalg.qr(m)
-    if cutoff > 0 or q.shape[1] > max_rank:
+    if cutoff == 0:
+        q, r = xp.linalg.qr(m[:, :max_rank])
+        q = _positive_diagonal(q, r)
+    else:
+        q, r = xp.linalg.qr(m)
         u, sv, _ = xp.linalg.svd(r, full_matrices=False)
         keep = min(max_rank, sv.shape[0])
-        if cutoff > 0 and sv[0] > 0:
+        if sv[0] > 0:
             keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
         q = _canonical_basis(q @ u[:, :keep], m)
-    else:
-        q = _positive_diagonal(q, r)
     return xp.ascontiguousarray(q.T).reshape(q.shape[1], -1, up, down)
 
 
