@@ -65,10 +65,13 @@ def _strip(c: np.ndarray, j: int, n: int) -> np.ndarray:
 
 
 def dense_product(*trains) -> np.ndarray:
-    """The exact product of the trains as a dense vector or matrix."""
-    mats = [t.to_dense() for t in trains]
-    if trains[0].kind == "mps" and len(trains) > 1:  # a bra: row vector first
-        out = mats[0]
+    """The exact product of the trains (TensorTrains or quimb MPS/MPO) as a dense
+    vector or matrix."""
+    mats = [np.asarray(t.to_dense()) for t in trains]
+    first_is_mps = getattr(trains[0], "kind", type(trains[0]).__name__) in (
+        "mps", "MatrixProductState")
+    if first_is_mps and len(trains) > 1:  # a bra: row vector first
+        out = mats[0].ravel()
         for m in mats[1:]:
             out = out @ m
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import dense_product
 
 import src_dask
 
@@ -64,19 +65,6 @@ def test_quimb_mpo_mpo():
     assert np.linalg.norm(y.to_dense() - exact) / np.linalg.norm(exact) <= 1e-12
 
 
-def _quimb_dense_product(*tns):
-    mats = [t.to_dense() for t in tns]
-    if len(tns) > 1 and isinstance(tns[0], qtn.MatrixProductState):  # a bra
-        out = mats[0].ravel()
-        for m in mats[1:]:
-            out = out @ m
-        return out
-    out = mats[-1]
-    for m in reversed(mats[:-1]):
-        out = m @ out
-    return out
-
-
 def _physics_stacks():
     n = 7
     heis, ising = qtn.MPO_ham_heis(n), qtn.MPO_ham_ising(n, j=1.0, bx=0.5)
@@ -97,7 +85,7 @@ def _physics_stacks():
 def test_physics_operators_exact(name):
     tns = _physics_stacks()[name]
     y = src_dask.src(*tns, chi_out=64, seed=0)
-    exact = _quimb_dense_product(*tns)
+    exact = dense_product(*tns)
     exact = exact.ravel() if y.kind == "mps" else exact
     assert y.dtype == np.float64  # real operators and states stay real
     assert np.linalg.norm(y.to_dense() - exact) / np.linalg.norm(exact) <= 1e-12
