@@ -139,7 +139,7 @@ def test_cluster_is_one_worker_per_gpu_with_rmm():
 
 
 def test_device_spilling(tmp_path):
-    """Environments of ~1.9 GB on a worker allowed 256 MB of device memory."""
+    """About 1 GB of environments on a worker allowed 256 MB of device memory."""
     from distributed import Client
 
     a, x = random_mpo(30, 8, seed=1), random_mps(30, 256, seed=2)  # C: 1024 x 2048 per site
