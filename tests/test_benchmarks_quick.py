@@ -1,0 +1,58 @@
+"""The benchmark scripts run end to end at their ``--quick`` sizes (the GPU when there is one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_cpu_quick(tmp_path):
+    out = tmp_path / "cpu.json"
+    _run("bench_cpu.py", "--no-cluster", "--out", str(out))
+    record = json.loads(out.read_text())
+    assert record["flops"]["total"] > 0
+    assert record["errors"]["src_dask_threads"]["rel_error"] < 0.5
+
+
+def test_bench_mpo_mps_quick(tmp_path):
+    out = tmp_path / "mpo_mps.json"
+    stdout = _run("bench_mpo_mps.py", "--out", str(out))
+    record = json.loads(out.read_text())
+    assert set(record["results"]) == {"16", "32"}
+    for res in record["results"].values():
+        runs = res["runs"]
+        assert list(runs) == ["quimb_src", "quimb_src_oversample", "quimb_zipup", "src_dask",
+                              "src_dask_oversample"]
+        assert runs["quimb_src"]["ratio_to_quimb_src"] == 1
+        for method, e in runs.items():
+            assert e["best_s"] > 0 and e["memory"]["peak_host_rss_bytes"] > 0
+            assert e["spilled_bytes"] == 0
+            assert (e["tflops"] is None) == (method == "quimb_zipup")
+        # same algorithm, different sketches: errors agree within a factor
+        assert 0.5 < runs["src_dask"]["error_ratio_to_quimb"] < 2
+        assert runs["src_dask_oversample"]["rel_error"] < runs["src_dask"]["rel_error"]
+    assert ("wrote" in stdout and out.with_suffix(".png").exists()) or "no plot" in stdout
+
+
+def test_bench_stack_quick(tmp_path):
+    out = tmp_path / "stack.json"
+    _run("bench_stack.py", "--workdir", str(tmp_path / "work"), "--out", str(out))
+    record = json.loads(out.read_text())
+    assert record["flops"]["total"] > 0 and record["quimb"]["best_s"] > 0
+    assert list(record["runs"]) == ["w1_memory", "w1_store", "w2_memory", "w2_store"]
+    for e in record["runs"].values():
+        assert e["best_s"] > 0 and e["ratio_to_quimb"] > 0
+        assert e["spilled"]["total_bytes"] == 0
+        assert e["core_diff_vs_first"] < 1e-10  # the sketch depends on the seed alone
+    assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
