@@ -30,7 +30,17 @@ class Factor:
 
     def padded_shape(self, site: int) -> tuple[int, int, int, int]:
         """The rank-4 shape ``(a, b, up, down)`` of this factor's core at ``site``."""
-        return padded_shape(self.train, site, self.transpose)
+        n = len(self.train)
+        shape = list(self.train[site].shape)
+        if site == 0:
+            shape.insert(0, 1)
+        if site == n - 1:
+            shape.insert(1, 1)
+        if self.train.kind == "mps":
+            shape.append(1)
+        if self.transpose:
+            shape[2], shape[3] = shape[3], shape[2]
+        return tuple(int(s) for s in shape)
 
 
 @dataclass(frozen=True)
@@ -56,9 +66,6 @@ class Stack:
     def left_bonds(self, site: int) -> tuple[int, ...]:
         return tuple(s[0] for s in self.shapes(site))
 
-    def right_bonds(self, site: int) -> tuple[int, ...]:
-        return tuple(s[1] for s in self.shapes(site))
-
     def max_rank(self, site: int) -> int:
         """An upper bound of the product's rank at the cut left of ``site``."""
         bonds = math.prod(self.left_bonds(site))
@@ -72,20 +79,6 @@ class Stack:
     def down(self, site: int) -> int:
         """Size of the output's down (column) leg; 1 for an MPS result."""
         return self.factors[-1].padded_shape(site)[3]
-
-
-def padded_shape(train: TensorTrain, site: int, transpose: bool = False) -> tuple[int, ...]:
-    n = len(train)
-    shape = list(train[site].shape)
-    if site == 0:
-        shape.insert(0, 1)
-    if site == n - 1:
-        shape.insert(1, 1)
-    if train.kind == "mps":
-        shape.append(1)
-    if transpose:
-        shape[2], shape[3] = shape[3], shape[2]
-    return tuple(int(s) for s in shape)
 
 
 def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:
