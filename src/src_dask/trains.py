@@ -261,6 +261,7 @@ def exact_product(*trains: Any) -> TensorTrain:
     the reference SRC approximates. Same conventions as :func:`src_dask.src`
     (an MPS first is a bra, an MPS last a ket).
     """
+    from ._kernels import prepare_core
     from ._stack import make_stack
 
     stack = make_stack(trains)
@@ -268,18 +269,16 @@ def exact_product(*trains: Any) -> TensorTrain:
     merged = []
     for j in range(n):
         acc = None
-        for f in stack.factors:  # ket order: output up leg first
-            c = _pad_ends(_to_numpy(f.train[j]),
-                          j, n)
-            c = c[..., None] if f.train.kind == "mps" else c
-            c = c.swapaxes(2, 3) if f.transpose else c
+        for f in stack.factors:  # ket order, padded to (a, b, up, down) as src pads them
+            c = prepare_core(_to_numpy(f.train[j]), kind=f.train.kind, site=j, n=n,
+                             transpose=f.transpose, dtype=stack.dtype, check=False,
+                             name=f.train.name)
             if acc is None:
                 acc = c
                 continue
             acc = np.einsum("abux,ABxd->aAbBud", acc, c)
             s = acc.shape
             acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
-        acc = acc.astype(stack.dtype, copy=False)
         acc = acc[..., 0] if stack.kind == "mps" else acc
         acc = acc[:, 0] if j == n - 1 else acc
         merged.append(acc[0] if j == 0 else acc)
