@@ -36,6 +36,7 @@ from . import _kernels as K
 from . import _oom, _random
 from ._runstore import Progress, RunStore
 from ._stack import Stack
+from .trains import _to_numpy
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,4 @@ def _to_host(core: Any, kind: str, site: int, n: int) -> np.ndarray:
         raise FloatingPointError(
             f"site {site}: the result contains NaN or inf (overflow? rescale the inputs)"
         )
-    core = K.unpad(core, kind, site, n)
-    if K.xp_of(core) is not np:
-        core = core.get()
-    return np.ascontiguousarray(core)
+    return np.ascontiguousarray(_to_numpy(K.unpad(core, kind, site, n)))

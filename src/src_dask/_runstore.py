@@ -32,6 +32,7 @@ import zarr
 
 from ._stack import Stack
 from .trains import TensorTrain
+from .trains import _to_numpy as to_numpy
 
 FORMAT = "src_dask.run"
 VERSION = 1
@@ -157,7 +158,7 @@ class RunStore:
 
     def write_env(self, site: int, start: int, env: Any) -> None:
         arr = zarr.open_array(f"{self.path}/env/site_{site}", mode="r+")
-        arr[start:start + env.shape[0]] = _host(env)
+        arr[start:start + env.shape[0]] = to_numpy(env)
 
     def read_env(self, site: int, start: int, stop: int) -> np.ndarray:
         return zarr.open_array(f"{self.path}/env/site_{site}", mode="r")[start:stop]
@@ -188,14 +189,10 @@ class RunStore:
 def _write_whole(group: zarr.Group, name: str, x: Any) -> None:
     from .storage import chunks_for
 
-    x = _host(x)
+    x = to_numpy(x)
     arr = group.create_array(name, shape=x.shape, dtype=x.dtype, overwrite=True,
                              chunks=chunks_for(x.shape, x.dtype.itemsize), compressors=None)
     arr[...] = x
-
-
-def _host(x: Any) -> np.ndarray:
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 def _read_attrs(path: str) -> dict | None:

@@ -22,7 +22,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .trains import TensorTrain, as_train
+from .trains import TensorTrain, _to_numpy, as_train
 
 FORMAT = "src_dask.train"
 VERSION = 1
@@ -84,7 +84,7 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
             # into a pre-created array: da.to_zarr with shards can lose data
             da.store(core.rechunk(c), arr, lock=False)
         else:
-            arr[...] = np.asarray(core) if not hasattr(core, "get") else core.get()
+            arr[...] = _to_numpy(core)
 
 
 def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.open
