@@ -73,7 +73,8 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     -------
     TensorTrain
         An MPS (if a factor is an MPS) or an MPO, in quimb's layouts: NumPy
-        arrays, or with ``store`` Dask arrays over the store's ``result``
+        arrays (CuPy arrays when every input is a CuPy array and no client is
+        used), or with ``store`` Dask arrays over the store's ``result``
         arrays. Without oversampling it is right-canonical (all the norm in
         site 0); after rounding it is left-canonical (the norm in the last site).
     """
@@ -99,6 +100,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         if run.is_complete():
             log.info("src: %s holds the finished run; not recomputing", run.path)
             return run.result(stack.kind)
+    inputs = [c for f in stack.factors for c in f.train]
     plan = _graph.Plan(
         sketch=sketch,
         chunk=chunk,
@@ -106,7 +108,9 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         cutoff=cutoff,
         key=_random.seed_key(seed),
         round=extra > 0,
-        device=choose_device(client, [c for f in stack.factors for c in f.train]),
+        device=choose_device(client, inputs),
+        # CuPy in, CuPy out (as quimb does), unless a client or a store gets the result
+        to_host=client is not None or store is not None or not all(map(_is_cupy, inputs)),
     )
     log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s, on the %s",
              stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
@@ -176,6 +180,10 @@ def _client(client: Any) -> Any:
         return Client.current(allow_global=True)
     except ValueError:
         return None
+
+
+def _is_cupy(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
 
 
 def _fingerprint(stack: Stack) -> list:

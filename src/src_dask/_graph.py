@@ -28,15 +28,13 @@ from functools import partial
 from typing import Any
 
 import dask.array as da
-import numpy as np
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from . import _kernels as K
-from . import _oom, _random
+from . import _oom, _random, _transfer
 from ._runstore import Progress, RunStore
 from ._stack import Stack
-from .trains import _to_numpy
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,7 @@ class Plan:
     key: int  # key word of the sketch's counter-based generator, from the seed
     round: bool  # exact rounding to chi_out after an oversampled sketch
     device: str = "cpu"  # "cpu" (NumPy blocks) or "gpu" (CuPy blocks)
+    to_host: bool = True  # results as NumPy arrays (else they stay on the run's device)
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -60,12 +59,10 @@ def _is_zarr(x: Any) -> bool:
     return type(x).__module__.startswith("zarr")
 
 
-def _read_whole(x: Any, device: str = "cpu") -> Any:
-    """A whole Zarr array; on a GPU run straight into device memory (zarr's GPU buffers)."""
-    if device == "gpu":
-        from zarr.core.buffer import gpu
-
-        return x.get_basic_selection(Ellipsis, prototype=gpu.buffer_prototype)
+def _read_whole(x: Any) -> Any:
+    """A whole Zarr array, in host memory (a GPU run moves it in ``prepare_core``,
+    through pinned memory on a copy stream: faster than zarr's GPU buffers,
+    which copy pageable memory on the kernels' stream)."""
     return x[...]
 
 
@@ -111,7 +108,7 @@ class _Graph:
         """
         if _is_zarr(x):
             key = ("src_read-" + uuid.uuid4().hex,)
-            self.tasks[key] = (partial(_read_whole, device=self.device), x)
+            self.tasks[key] = (_read_whole, x)
             return key
         x = _lazy(x)
         if K.is_in_memory(x):
@@ -218,7 +215,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             out[j] = g.add((name("round", j), "core"), operator.getitem, step, 0)
             carry = g.add((name("round", j), "carry"), operator.getitem, step, 1)
 
-    results = [g.add(name("result", j), _finish, o, kind=stack.kind, site=j, n=n, store=store)
+    results = [g.add(name("result", j), _finish, o, kind=stack.kind, site=j, n=n, store=store,
+                     to_host=plan.to_host)
                for j, o in enumerate(out)]
     return g.delayed(g.add(f"src_result-{token}", list, results))
 
@@ -275,16 +273,20 @@ def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None
     return None, K.project_core(cores, K.xp_of(cores[0]).asarray(env))
 
 
-def _finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None) -> Any:
-    """The output core in quimb's layout: to the client, or into the store (its shape returned)."""
-    core = _to_host(core, kind, site, n)
-    return core if store is None else store.write_result(site, core)
+def _finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,
+            to_host: bool) -> Any:
+    """The output core in quimb's layout: to the client, or into the store (its shape
+    returned).
 
-
-def _to_host(core: Any, kind: str, site: int, n: int) -> np.ndarray:
-    """An output core in quimb's layout as a NumPy array for the client."""
-    if not K.all_finite(core):
+    Only site 0 (and, after rounding, the last site) carries the norm; the
+    other cores have orthonormal rows, finite whenever their QR succeeded. The
+    check is a device synchronisation, so it is made where it can fail.
+    """
+    if site in (0, n - 1) and not K.all_finite(core):
         raise FloatingPointError(
             f"site {site}: the result contains NaN or inf (overflow? rescale the inputs)"
         )
-    return np.ascontiguousarray(_to_numpy(K.unpad(core, kind, site, n)))
+    core = K.xp_of(core).ascontiguousarray(K.unpad(core, kind, site, n))
+    if to_host or store is not None:
+        core = _transfer.to_host(core)
+    return core if store is None else store.write_result(site, core)

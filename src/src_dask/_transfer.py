@@ -1,0 +1,71 @@
+"""Host↔device copies that run beside the kernels instead of stalling them.
+
+A plain ``cupy.asarray(numpy_array)`` or ``.get()`` copies pageable memory on
+the stream the kernels use (2–7 GB/s on the H200, DESIGN.md §4), and the GPU
+waits for it. Here each worker thread copies through a pinned staging buffer
+(25–55 GB/s) on a stream of its own; the kernels' stream waits only for the
+copy it needs (a device-side event), so reading site ``j+1`` overlaps the
+contractions of site ``j`` and results leave the GPU while pass 2 goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+#: Below this size a plain copy is cheaper than a stream and a staging buffer.
+_SMALL = 1 << 20
+
+_local = threading.local()
+
+
+def _copy_stream() -> Any:
+    """This thread's copy stream (non-blocking: it never waits for the kernels' stream)."""
+    import cupy
+
+    stream = getattr(_local, "stream", None)
+    if stream is None:
+        stream = _local.stream = cupy.cuda.Stream(non_blocking=True)
+    return stream
+
+
+def to_device(x: Any) -> Any:
+    """``x`` as a CuPy array; a large NumPy array goes through pinned memory
+    on this thread's copy stream."""
+    import cupy
+    import cupyx
+
+    if not isinstance(x, np.ndarray) or x.nbytes < _SMALL:
+        return cupy.asarray(x)
+    kernels = cupy.cuda.get_current_stream()
+    out = cupy.empty(x.shape, x.dtype)  # from the kernels' stream's pool
+    staging = cupyx.empty_pinned(x.shape, x.dtype)
+    np.copyto(staging, x)
+    stream = _copy_stream()
+    # ``out`` may reuse memory that queued kernels still read: copy after them
+    stream.wait_event(kernels.record())
+    out.set(staging, stream=stream)
+    kernels.wait_event(stream.record())
+    stream.synchronize()  # ``staging`` goes back to the pool only when the copy is done
+    return out
+
+
+def to_host(x: Any) -> np.ndarray:
+    """``x`` (NumPy or CuPy) as a NumPy array; a large CuPy array is copied on
+    this thread's copy stream through pinned memory, after the kernels that
+    produce it and without holding up the ones queued after them."""
+    if isinstance(x, np.ndarray) or not type(x).__module__.startswith("cupy"):
+        return np.asarray(x)
+    import cupy
+    import cupyx
+
+    if x.nbytes < _SMALL:
+        return x.get()
+    x = cupy.ascontiguousarray(x)
+    stream = _copy_stream()
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    staging = cupyx.empty_pinned(x.shape, x.dtype)
+    x.get(stream=stream, out=staging)  # blocks this thread until the copy is done
+    return np.array(staging)
