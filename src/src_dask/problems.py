@@ -1,0 +1,221 @@
+"""Reference problems: random trains, the src-method stack, spin-chain Hamiltonians.
+
+Every function returns a :class:`~src_dask.TensorTrain` in quimb's layouts
+(MPS ``(l, r, p)``, MPO ``(l, r, u, d)``; end sites drop the missing bond), so
+the problems of DESIGN.md §3 and the benchmarks can be made, saved with
+:func:`src_dask.save` and checked against quimb without quimb being installed.
+
+- :func:`random_mps`, :func:`random_mpo`: complex (or real) Gaussian cores,
+  bonds capped at what the chain can carry at each cut, scaled so that an MPS
+  has norm 1 and an MPO keeps the norm of what it acts on, both on average.
+- :func:`stack`: the src-method stack ``N·V·M·U`` (four random MPOs, legs 4×4,
+  bonds 4, 4, ``D_M``, 4, entries ``(N(0,1) + i N(0,1)) / sqrt(bond·4)``).
+- :func:`heisenberg`, :func:`ising`: the exact MPOs of quimb's
+  ``MPO_ham_heis`` and ``MPO_ham_ising`` (spin-1/2 operators, not Pauli
+  matrices; positive ``j`` is antiferromagnetic).
+
+The random trains are **lazy**: their cores are Dask arrays drawn chunk by
+chunk from ``dask.array.random.default_rng(seed)``, so a 50 GB stack streams
+through :func:`src_dask.save` without ever being held in memory, and the
+same arguments always give the same numbers. The chunking of the draw is
+fixed by the shapes (not by the dtype or the machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .storage import chunks_for
+from .trains import TensorTrain
+
+__all__ = ["STACK_FACTORS", "heisenberg", "ising", "random_mpo", "random_mps", "stack",
+           "stack_mpo"]
+
+#: The src-method stack: the factors' names, leftmost first, and their bonds (None: ``dm``).
+STACK_FACTORS: tuple[tuple[str, int | None], ...] = (("N", 4), ("V", 4), ("M", None), ("U", 4))
+
+#: Random cores are drawn in chunks of at most this many bytes (of complex128), so
+#: that all threads share the work on one large core.
+_DRAW_CHUNK_BYTES = 32 * 2**20
+
+_DTYPES = ("float32", "float64", "complex64", "complex128")
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.name not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dt.name}")
+    return dt
+
+
+def _positive(x: int, what: str, least: int = 1) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < least:
+        raise ValueError(f"{what}: expected an int >= {least}, got {x!r}")
+    return int(x)
+
+
+def _core_shape(j: int, bonds: Sequence[int], legs: tuple[int, ...]) -> tuple[int, ...]:
+    """quimb's layout of site ``j`` given the ``n - 1`` bonds: ``(l, r, *legs)``
+    without the missing bond at the ends."""
+    n = len(bonds) + 1
+    left = (bonds[j - 1],) if j > 0 else ()
+    right = (bonds[j],) if j < n - 1 else ()
+    return (*left, *right, *legs)
+
+
+def _capped_bonds(sites: int, bond: int, phys: int) -> list[int]:
+    """``bond`` at every cut, capped by ``phys**k`` where ``k`` counts the sites on
+    the smaller side of the cut: larger bonds would only add redundant directions."""
+    out = []
+    for cut in range(1, sites):
+        k, cap = min(cut, sites - cut), 1
+        while k and cap < bond:  # phys**k without building huge ints
+            cap, k = cap * phys, k - 1
+        out.append(min(bond, cap))
+    return out
+
+
+def _gaussian_train(kind: str, bonds: Sequence[int], legs: tuple[int, ...],
+                    scales: Sequence[float], dtype: np.dtype, seed: int | None) -> TensorTrain:
+    """Lazy Gaussian cores: site ``j`` is ``scales[j] * (re + 1j*im)`` (``re`` alone for a
+    real dtype), ``re`` and ``im`` standard normal, drawn in float64 and cast."""
+    import dask.array as da
+
+    rng = da.random.default_rng(seed)
+    cores = []
+    for j, scale in enumerate(scales):
+        shape = _core_shape(j, bonds, legs)
+        chunks = chunks_for(shape, 16, _DRAW_CHUNK_BYTES)
+        core = rng.standard_normal(shape, chunks=chunks)
+        if dtype.kind == "c":
+            core = core + 1j * rng.standard_normal(shape, chunks=chunks)
+        cores.append((core * scale).astype(dtype))
+    return TensorTrain(cores, kind, name=f"random {kind}")  # type: ignore[arg-type]
+
+
+def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
+               seed: int | None = None) -> TensorTrain:
+    """A random MPS of ``sites`` sites with physical dimension ``phys``, lazily drawn.
+
+    The bond at each cut is ``min(bond, phys**k)`` (``k`` sites on the smaller
+    side). Entries are Gaussian with variance ``1 / (r * phys)`` (``r`` the
+    site's right bond; complex entries ``(x + iy)/sqrt(2)`` of that scale), which
+    makes ``E <psi|psi> = 1``: products of many such trains stay of order one.
+    """
+    sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
+        _positive(phys, "phys")
+    dt = _dtype(dtype)
+    bonds = _capped_bonds(sites, bond, phys)
+    rights = [*bonds, 1]
+    re_im = 2 if dt.kind == "c" else 1
+    scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
+    return _gaussian_train("mps", bonds, (phys,), scales, dt, seed)
+
+
+def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
+               seed: int | None = None) -> TensorTrain:
+    """A random MPO of ``sites`` sites, legs ``phys × phys``, lazily drawn.
+
+    The bond at each cut is ``min(bond, (phys**2)**k)``. Entries are Gaussian with
+    variance ``1 / (r * phys)``, so that ``E |A x|^2 = |x|^2`` for any ``x``:
+    the MPO neither shrinks nor blows up the states it is applied to.
+    """
+    sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
+        _positive(phys, "phys")
+    dt = _dtype(dtype)
+    bonds = _capped_bonds(sites, bond, phys * phys)
+    rights = [*bonds, 1]
+    re_im = 2 if dt.kind == "c" else 1
+    scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
+    return _gaussian_train("mpo", bonds, (phys, phys), scales, dt, seed)
+
+
+def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128",
+              seed: int | None = None) -> TensorTrain:
+    """One factor of the src-method stack: every bond ``bond`` (not capped), legs
+    ``phys × phys``, entries ``(N(0,1) + i N(0,1)) / sqrt(bond * phys)`` (the real
+    part alone for a real dtype), lazily drawn."""
+    sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
+        _positive(phys, "phys")
+    scale = 1 / np.sqrt(bond * phys)
+    return _gaussian_train("mpo", [bond] * (sites - 1), (phys, phys), [scale] * sites,
+                           _dtype(dtype), seed)
+
+
+def stack(sites: int = 50, dm: int = 1000, *, phys: int = 4, bond: int = 4,
+          dtype: Any = "complex128", seed: int = 0) -> dict[str, TensorTrain]:
+    """The src-method stack ``N·V·M·U`` of DESIGN.md §3, as lazy trains.
+
+    Four random MPOs (:func:`stack_mpo`) with bonds ``bond, bond, dm, bond``,
+    factor ``i`` drawn with seed ``seed + i``. Returns ``{"N": …, "V": …,
+    "M": …, "U": …}`` in product order: ``src_dask.src(*stack(...).values(),
+    chi_out=...)`` compresses ``N·V·M·U``. Nothing is drawn until a core is
+    computed or saved, so the 51 GB stack (``dm=2000``) costs no memory here.
+    """
+    seed = _positive(seed, "seed", 0)
+    _positive(dm, "dm")
+    return {name: stack_mpo(sites, b or dm, phys, dtype=dtype, seed=seed + i)
+            for i, (name, b) in enumerate(STACK_FACTORS)}
+
+
+# -- spin-1/2 Hamiltonians ---------------------------------------------------------
+_SX = np.array([[0.0, 0.5], [0.5, 0.0]])
+_ISY = np.array([[0.0, 0.5], [-0.5, 0.0]])  # i·S^y: real, and (iS^y)⊗(iS^y) = -S^y⊗S^y
+_SZ = np.array([[0.5, 0.0], [0.0, -0.5]])
+_ID = np.eye(2)
+
+
+def _nearest_neighbour_mpo(sites: int, couplings: Sequence[tuple[float, np.ndarray]],
+                           field: np.ndarray, dtype: Any, name: str) -> TensorTrain:
+    """The exact MPO of ``sum_i sum_k c_k A_k(i) A_k(i+1) + sum_i field(i)``.
+
+    Bond states: 0 = nothing placed yet, ``k`` = ``A_k`` placed on the left
+    and waiting for its partner, ``m + 1`` = the term is complete. The bulk
+    tensor ``W[l, r]`` is lower-triangular in these states; the first site is
+    row 0 and the last site column ``m + 1``. Bond ``m + 2``.
+    """
+    sites = _positive(sites, "sites", 2)
+    dt = _dtype(dtype)
+    m = len(couplings)
+    done = m + 1
+    w = np.zeros((m + 2, m + 2, 2, 2))
+    w[0, 0] = w[done, done] = _ID
+    w[0, done] = field
+    for k, (c, op) in enumerate(couplings, start=1):
+        w[0, k] = c * op
+        w[k, done] = op
+    w = w.astype(dt)
+    cores = [w[0].copy()] + [w.copy() for _ in range(sites - 2)] + [w[:, done].copy()]
+    return TensorTrain(cores, "mpo", name=name)
+
+
+def heisenberg(sites: int, j: float | tuple[float, float, float] = 1.0, bz: float = 0.0, *,
+               dtype: Any = "float64") -> TensorTrain:
+    """The spin-1/2 Heisenberg (XXZ / XYZ) chain with open ends, as an exact MPO of bond 5.
+
+    ``H = sum_i (jx Sx_i Sx_{i+1} + jy Sy_i Sy_{i+1} + jz Sz_i Sz_{i+1}) - bz sum_i Sz_i``
+
+    with spin operators (``S = sigma / 2``), exactly as quimb's
+    ``MPO_ham_heis(sites, j, bz)``: ``j`` is one number (isotropic) or
+    ``(jx, jy, jz)``, e.g. ``(1, 1, delta)`` for XXZ; positive is
+    antiferromagnetic. The cores are real (``Sy⊗Sy`` is written as
+    ``-(iSy)⊗(iSy)``), so any of the four dtypes works.
+    """
+    jx, jy, jz = (j, j, j) if np.isscalar(j) else tuple(j)  # type: ignore[misc]
+    couplings = [(float(jx), _SX), (-float(jy), _ISY), (float(jz), _SZ)]
+    return _nearest_neighbour_mpo(sites, couplings, -float(bz) * _SZ, dtype, "heisenberg")
+
+
+def ising(sites: int, j: float = 1.0, bx: float = 0.0, *, dtype: Any = "float64") -> TensorTrain:
+    """The spin-1/2 transverse-field Ising chain with open ends, as an exact MPO of bond 3.
+
+    ``H = j sum_i Sz_i Sz_{i+1} - bx sum_i Sx_i``
+
+    with spin operators (``S = sigma / 2``), exactly as quimb's
+    ``MPO_ham_ising(sites, j, bx)``; positive ``j`` is antiferromagnetic.
+    ``bx = 0`` by default, as in quimb; the critical point is ``bx = j / 2``.
+    """
+    return _nearest_neighbour_mpo(sites, [(float(j), _SZ)], -float(bx) * _SX, dtype, "ising")
