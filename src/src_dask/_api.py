@@ -6,12 +6,12 @@ import logging
 import math
 import numbers
 import os
-from typing import Any
+from typing import Any, TextIO
 
 import dask
 import dask.utils
 
-from . import _graph, _random
+from . import _graph, _progress, _random
 from ._cluster import choose_device
 from ._kernels import is_in_memory
 from ._runstore import RunStore
@@ -27,7 +27,8 @@ _BLOCK_BYTES = 256 * 2**20
 def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
         dtype: Any = None, seed: int | None = None, chunk: int | None = None,
         client: Any = None, store: str | os.PathLike | None = None,
-        overwrite: bool = False) -> TensorTrain:
+        overwrite: bool = False, progress: bool | TextIO = False,
+        performance_report: str | os.PathLike | None = None) -> TensorTrain:
     """Compress the product ``trains[0]·trains[1]·…`` to bond dimension ``chi_out``.
 
     Successive randomized compression (Camaño, Epperly & Tropp, 2025) run as
@@ -68,6 +69,13 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     overwrite
         Replace a ``store`` that holds a run of other inputs or options
         (otherwise refused with an error).
+    progress
+        Show a progress bar by pass and site while the graph runs: ``True`` for
+        stderr (a widget in a Jupyter notebook), or a text stream to write to.
+        The result is the same either way.
+    performance_report
+        Path of an HTML file for Dask's performance report of the run (task
+        stream, worker profiles, bandwidth); needs a distributed ``client``.
 
     Returns
     -------
@@ -86,15 +94,17 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     if chunk is not None:
         chunk = _positive_int(chunk, "chunk")
     client = _client(client)
+    progress = _progress.check_progress(progress)
+    performance_report = _progress.check_report(performance_report, client)
     stack = make_stack(trains, dtype)
 
     sketch = chi_out + extra
     chunk = min(chunk or _default_chunk(stack, sketch, client), sketch)
-    run, progress = None, None
+    run, resume = None, None
     if store is not None:
         options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
                    "dtype": stack.dtype.name, "seed": seed}
-        run, progress, seed, chunk = RunStore.prepare(
+        run, resume, seed, chunk = RunStore.prepare(
             store, stack, {**options, "inputs": _fingerprint(stack)}, seed=seed, sketch=sketch,
             chunk=chunk, overwrite=overwrite)
         if run.is_complete():
@@ -112,18 +122,18 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         # CuPy in, CuPy out (as quimb does), unless a client or a store gets the result
         to_host=client is not None or store is not None or not all(map(_is_cupy, inputs)),
     )
-    log.info("src: %d sites, depth %d, %s, sketch %d in blocks of %d, dtype %s, on the %s",
-             stack.n, stack.depth, "bra" if stack.bra else "ket", sketch, plan.chunk,
-             stack.dtype, plan.device.upper())
+    summary = _progress.describe(stack, plan, client)
+    log.info("src: %s", summary)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    graph = _graph.build(stack, plan, workers, run, progress)
+    graph = _graph.build(stack, plan, workers, run, resume)
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     in_graph = sum(c.nbytes for f in stack.factors for c in f.train if is_in_memory(c))
     threshold = max(dask.utils.parse_bytes(
         dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
         2 * in_graph)
-    with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}):
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
+            _progress.watch(graph, client, progress, performance_report, summary):
         (cores,) = dask.compute(graph, scheduler=client)
     if run is not None:
         run.mark_complete()

@@ -1,0 +1,245 @@
+"""Progress bars, the run log and Dask's performance report (``progress=``,
+``performance_report=``): shown on threads and on a cluster, in a terminal and
+in a notebook, without changing the result or the one-graph submission."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import time
+import types
+
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import random_mpo, random_mps
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+import src_dask
+from src_dask import _graph, _progress, _random
+from src_dask._stack import make_stack
+
+
+def _problem(n: int = 8):
+    return random_mpo(n, 3, seed=1), random_mps(n, 6, seed=2)
+
+
+def _same(y, z) -> bool:
+    return all(np.array_equal(p, q) for p, q in zip(y.to_numpy(), z.to_numpy(), strict=True))
+
+
+def test_progress_on_threads_names_passes_and_sites_and_keeps_the_result():
+    a, x = _problem()
+    out = io.StringIO()
+    y = src_dask.apply(a, x, 12, seed=0, progress=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("src_dask pass 1 of 2 (sketch), site 0 -> 7 |")
+    assert lines[-1].startswith("src_dask done: 2 passes over 8 sites |")
+    assert " 100% " in lines[-1]
+    assert _same(y, src_dask.apply(a, x, 12, seed=0))
+
+
+def test_progress_true_writes_to_stderr(capsys):
+    a, x = _problem()
+    src_dask.apply(a, x, 12, seed=0, oversample=2, progress=True)
+    err = capsys.readouterr().err
+    assert "pass 1 of 3 (sketch)" in err and "done: 3 passes over 8 sites" in err
+
+
+class _CountGraphs(SchedulerPlugin):
+    def __init__(self):
+        self.graphs = 0
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.graphs += 1
+
+
+def test_progress_on_a_cluster_is_one_graph_and_the_same_result(cluster_client):
+    a, x = _problem()
+    cluster_client.register_plugin(_CountGraphs(), name="count-graphs-progress")
+    out = io.StringIO()
+    y = src_dask.apply(a, x, 12, seed=0, client=cluster_client, progress=out)
+    graphs = cluster_client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins["count-graphs-progress"].graphs)
+    assert graphs == 1
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("src_dask pass 1 of 2 (sketch), site 0 -> 7 | 0/")
+    assert lines[-1].startswith("src_dask done: 2 passes over 8 sites |")
+    assert _same(y, src_dask.apply(a, x, 12, seed=0, client=cluster_client))
+
+    def ours(dask_scheduler):
+        return [p for p in dask_scheduler.plugins if p.startswith("src-dask-progress")]
+
+    deadline = time.monotonic() + 5
+    while cluster_client.run_on_scheduler(ours) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cluster_client.run_on_scheduler(ours) == []  # the counter is gone after the run
+
+
+def test_cluster_watcher_counts_every_task(cluster_client):
+    """The scheduler-side counter sees every task of the run, by prefix."""
+    a, x = _problem()
+    stack = make_stack((a, x))
+    plan = _graph.Plan(sketch=12, chunk=6, chi_out=12, cutoff=0.0, key=_random.seed_key(0),
+                       round=False)
+    graph = _graph.build(stack, plan)
+    tally = _progress.Tally(graph.dask.keys(), _progress._token(graph))
+
+    class Quiet:
+        def update(self, tally):
+            pass
+
+    watcher = _progress.ClusterWatcher(cluster_client, tally, Quiet(), interval=0.02)
+    with watcher:
+        cluster_client.compute(graph).result()
+        deadline = time.monotonic() + 5
+        while tally.counts()[0] < tally.counts()[1] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert tally.done == tally.total
+    assert tally.where() == "writing the result"
+
+
+def _tally(n: int = 5, oversample: int = 0) -> _progress.Tally:
+    stack = make_stack(_problem(n))
+    plan = _graph.Plan(sketch=8, chunk=4, chi_out=8 - oversample, cutoff=0.0,
+                       key=_random.seed_key(0), round=oversample > 0)
+    graph = _graph.build(stack, plan)
+    return _progress.Tally(graph.dask.keys(), _progress._token(graph))
+
+
+def test_tally_follows_the_sweeps():
+    t = _tally(oversample=2)
+    assert t.sites == 5 and t.passes == 3
+    assert t.where() == "pass 1 of 3 (sketch), site 0 -> 4"
+    for j in range(2):
+        t.done[f"src_pass1_site{j}"] = t.total[f"src_pass1_site{j}"]
+    assert t.where() == "pass 1 of 3 (sketch), site 2 -> 4"
+    for j in range(4):
+        t.done[f"src_pass1_site{j}"] = t.total[f"src_pass1_site{j}"]
+    assert t.where() == "pass 2 of 3 (projection/QR), site 4 -> 0"
+    t.done["src_pass2_site4"] = t.total["src_pass2_site4"]
+    assert t.where() == "pass 2 of 3 (projection/QR), site 3 -> 0"
+    t.done.update({p: n for p, n in t.total.items() if "pass2" in p})
+    assert t.where() == "pass 3 of 3 (rounding), site 0 -> 4"
+    t.done.update(t.total)
+    assert t.where() == "writing the result"
+    assert "| 100% |" not in t.line() and " 100% | " in t.line()
+
+
+def test_failed_run_says_where(capsys):
+    a, x = _problem()
+    cores = [da.from_array(c) for c in x.to_numpy()]
+    cores[3] = cores[3] * np.nan
+    out = io.StringIO()
+    with pytest.raises(ValueError, match="NaN"):
+        src_dask.apply(a, cores, 12, seed=0, progress=out)
+    assert out.getvalue().splitlines()[-1].startswith("src_dask failed at pass 1 of 2")
+
+
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_terminal_bar_is_redrawn_in_place(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    out = _TTY()
+    src_dask.apply(*_problem(), 12, seed=0, progress=out)
+    text = out.getvalue()
+    assert text.startswith("\rsrc_dask pass 1") and text.endswith("\n")
+    assert text.count("\n") == 1
+    assert all(len(row) <= 59 for row in text.strip().split("\r"))
+
+
+def _fake_notebook(monkeypatch, widgets: bool) -> list:
+    """A Jupyter kernel without Jupyter: fake IPython.display (and ipywidgets)."""
+    shown: list = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(obj)
+
+    class HTML(str):
+        pass
+
+    def display(obj, display_id=False):
+        shown.append(obj)
+        return Handle() if display_id else None
+
+    ipython = types.ModuleType("IPython")
+    ipython.display = types.SimpleNamespace(HTML=HTML, display=display)
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setitem(sys.modules, "IPython.display", ipython.display)
+    monkeypatch.setattr("distributed.utils.is_kernel", lambda: True)
+    if widgets:
+        class Widget(types.SimpleNamespace):
+            def __init__(self, *children, **kwargs):
+                super().__init__(children=children, value=None, **kwargs)
+
+        fake = types.SimpleNamespace(IntProgress=Widget, HTML=Widget, HBox=Widget)
+        monkeypatch.setitem(sys.modules, "ipywidgets", fake)
+    else:
+        monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import fails
+    return shown
+
+
+def test_notebook_bar_without_ipywidgets_is_an_updating_html_display(monkeypatch):
+    shown = _fake_notebook(monkeypatch, widgets=False)
+    src_dask.apply(*_problem(), 12, seed=0, progress=True)
+    assert shown[0] == ""
+    assert shown[-1].startswith("<progress ") and "done: 2 passes over 8 sites" in shown[-1]
+
+
+def test_notebook_bar_with_ipywidgets_is_a_widget(monkeypatch):
+    shown = _fake_notebook(monkeypatch, widgets=True)
+    src_dask.apply(*_problem(), 12, seed=0, progress=True)
+    (box,) = shown
+    bar, label = box.children[0]
+    assert bar.value == bar.max > 1 and bar.bar_style == "success"
+    assert "done: 2 passes over 8 sites" in label.value
+
+
+def test_performance_report_with_a_client(cluster_client, tmp_path):
+    path = tmp_path / "report.html"
+    a, x = _problem()
+    y = src_dask.apply(a, x, 12, seed=0, client=cluster_client, performance_report=path)
+    text = path.read_text()
+    assert "Dask Performance Report" in text and "src_dask.src" in text
+    assert _same(y, src_dask.apply(a, x, 12, seed=0, client=cluster_client))
+
+
+def test_performance_report_needs_a_client(tmp_path):
+    path = tmp_path / "report.html"
+    with pytest.raises(ValueError, match="performance_report needs a distributed Client"):
+        src_dask.apply(*_problem(), 12, performance_report=str(path))
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"progress": 1}, TypeError, "progress: expected True, False or a text stream"),
+    ({"progress": "yes"}, TypeError, "progress: expected True, False or a text stream"),
+    ({"performance_report": 3}, TypeError, "performance_report: expected a path"),
+    ({"performance_report": ""}, ValueError, "performance_report: the path is empty"),
+])
+def test_bad_options_are_refused_before_any_work(options, error, match):
+    with pytest.raises(error, match=match):
+        src_dask.apply(*_problem(), 12, **options)
+
+
+def test_report_folder_must_exist(cluster_client, tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        src_dask.apply(*_problem(), 12, client=cluster_client,
+                       performance_report=tmp_path / "nowhere" / "r.html")
+
+
+def test_logging_is_silent_by_default_and_informative_at_info(capsys, caplog):
+    a, x = _problem()
+    src_dask.apply(a, x, 12, seed=0)
+    assert capsys.readouterr() == ("", "")
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        src_dask.apply(a, x, 12, seed=0)
+    start, end = (r.getMessage() for r in caplog.records if r.name == "src_dask")
+    assert start.startswith("src: MPO·MPS (ket), 8 sites, bonds 3·6, complex128, inputs ")
+    assert "chi_out 12, sketch 12" in start and "on the CPU, Dask's local scheduler" in start
+    assert end.startswith("src: done in ") and end.endswith(" s")
