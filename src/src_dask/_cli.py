@@ -1,15 +1,190 @@
-"""The ``src-dask`` command line."""
+"""The src-dask command line: SRC on tensor trains saved in Zarr, from the shell.
+
+    src-dask demo                                  the quick-start problem on a local cluster
+    src-dask generate mpo A.zarr --sites 50 --bond 4          reference problems into Zarr
+    src-dask run A.zarr x.zarr --chi-out 64 --out y.zarr      compress a product of saved trains
+    src-dask info y.zarr                           what a train, stack or run store holds
+
+Exit status: 0 on success, 1 when a run fails or an input is bad, 2 for a
+usage error, 130 when interrupted. Errors are one line on stderr
+("src-dask: error: ..."); --debug shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import shutil
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+PROG = "src-dask"
+DTYPES = ("float32", "float64", "complex64", "complex128")
+#: Formats of the Zarr groups this package writes (group attribute ``format``).
+TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = "src_dask.train", "src_dask.stack", "src_dask.run"
 
+
+class CLIError(Exception):
+    """A failure reported as one line, with exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line: ``src-dask: error: ...`` (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+# -- small helpers -----------------------------------------------------------------
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(f"{PROG}: {line}\n")
+    sys.stderr.flush()
+
+
+def _nbytes(n: int) -> str:
+    from dask.utils import format_bytes
+
+    return f"{format_bytes(n)} ({n} bytes)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _oversample(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return _non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 0 or 'auto', got {text!r}") from None
+
+
+def _cutoff(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _wrap(*paragraphs: str) -> str:
+    """Help text: prose paragraphs filled to 79 columns; indented blocks kept as written."""
+    import textwrap
+
+    return "\n\n".join(p if p.startswith("  ") else textwrap.fill(p, 79) for p in paragraphs)
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception as one line: its message, with the type when that is not obvious."""
+    msg = " ".join(str(err).split()) or type(err).__name__
+    plain = (CLIError, ValueError, TypeError, OSError, RuntimeError, FloatingPointError,
+             MemoryError)
+    return msg if isinstance(err, plain) else f"{type(err).__name__}: {msg}"
+
+
+# -- what is at a path ---------------------------------------------------------------
+def _attrs(path: str) -> dict | None:
+    """The attributes of the Zarr group at ``path``; None where there is none."""
+    import zarr
+
+    try:
+        return dict(zarr.open_group(path, mode="r").attrs)
+    except Exception:  # noqa: BLE001 - missing, not Zarr, unreadable: all "no group"
+        return None
+
+
+def _format(path: str) -> str | None:
+    """``"src_dask.train"``, ``"src_dask.stack"``, ``"src_dask.run"`` or None."""
+    attrs = _attrs(path) if os.path.isdir(path) else None
+    return None if attrs is None else attrs.get("format")
+
+
+def _check_replaceable(path: str, overwrite: bool) -> None:
+    """Refuse to write ``path`` if something is there, unless ``overwrite`` and it is
+    a train or stack this package wrote (or an empty folder): nothing else is deleted."""
+    if not os.path.lexists(path):
+        return
+    if not overwrite:
+        raise CLIError(f"{path}: already exists; pass --overwrite to replace it")
+    empty = os.path.isdir(path) and not os.listdir(path)
+    if not empty and _format(path) not in (TRAIN_FORMAT, STACK_FORMAT):
+        raise CLIError(f"{path}: exists and is not a src_dask train or stack; not replacing "
+                       "it (remove it yourself)")
+
+
+@contextlib.contextmanager
+def _atomic_dir(path: str, overwrite: bool) -> Iterator[str]:
+    """A temporary sibling of ``path`` to write into; renamed to ``path`` only when the
+    block finishes, so a failed or interrupted write never leaves a complete-looking
+    output at ``path`` (the temporary is removed)."""
+    _check_replaceable(path, overwrite)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = os.path.join(parent, f".{name}.partial-{tag}")
+    try:
+        yield tmp
+        if os.path.lexists(path):
+            old = os.path.join(parent, f".{name}.old-{tag}")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_free(path: str, need: int) -> None:
+    """Fail before writing when the file system under ``path`` cannot hold ``need`` bytes."""
+    where = path
+    while not os.path.exists(where):
+        where = os.path.dirname(where) or "."
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise CLIError(f"{path}: needs {_nbytes(need)} but only {_nbytes(free)} are free")
+
+
+def _record(path: str, key: str, value: dict) -> None:
+    """Add provenance (how a train was made) to the attributes of the group at ``path``."""
+    import zarr
+
+    zarr.open_group(path, mode="r+").attrs[key] = json.loads(json.dumps(value))
+
+
+# -- demo ------------------------------------------------------------------------------
 def _random_train(kind: str, n: int, bond: int, phys: int, rng: np.random.Generator,
                   decay: float) -> list[np.ndarray]:
     """Complex Gaussian cores, bond index i scaled by ``decay**i`` (a compressible product)."""
@@ -58,20 +233,502 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="src-dask", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run SRC on a built-in MPO·MPS problem on a local cluster")
-    p.add_argument("--sites", type=int, default=40)
-    p.add_argument("--bond", type=int, default=64, help="MPS bond dimension")
-    p.add_argument("--mpo-bond", type=int, default=4)
-    p.add_argument("--chi-out", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+# -- generate ----------------------------------------------------------------------------
+#: Per kind: the options that apply and their defaults (None: not used by the kind).
+_GENERATE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mps": {"sites": 50, "bond": 64, "phys": 2, "dtype": "complex128", "seed": 0},
+    "mpo": {"sites": 50, "bond": 4, "phys": 2, "dtype": "complex128", "seed": 0},
+    "stack": {"sites": 50, "bond": 4, "phys": 4, "dm": 1000, "dtype": "complex128", "seed": 0},
+    "heisenberg": {"sites": 50, "dtype": "float64", "j": 1.0, "jz": None, "field": 0.0},
+    "ising": {"sites": 50, "dtype": "float64", "j": 1.0, "field": 0.0},
+}
+_GENERATE_OPTIONS = ("sites", "bond", "phys", "dm", "dtype", "seed", "j", "jz", "field")
+
+
+def _generate_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The kind's options: its defaults, overridden by what was given; an option
+    that does not apply to the kind is a usage error."""
+    defaults = _GENERATE_DEFAULTS[args.kind]
+    spec: dict[str, Any] = {"kind": args.kind}
+    for name in _GENERATE_OPTIONS:
+        given = getattr(args, name)
+        if name not in defaults:
+            if given is not None:
+                args.parser.error(f"--{name} does not apply to {args.kind!r}")
+            continue
+        spec[name] = defaults[name] if given is None else given
+    return spec
+
+
+def _build_problem(spec: dict[str, Any]) -> dict[str, Any]:
+    """The trains of a generate spec: ``{"": train}``, or the stack's factors by name."""
+    from . import problems
+
+    kind, n, dtype = spec["kind"], spec["sites"], spec["dtype"]
+    if kind == "mps":
+        return {"": problems.random_mps(n, spec["bond"], spec["phys"], dtype=dtype,
+                                        seed=spec["seed"])}
+    if kind == "mpo":
+        return {"": problems.random_mpo(n, spec["bond"], spec["phys"], dtype=dtype,
+                                        seed=spec["seed"])}
+    if kind == "stack":
+        return problems.stack(n, spec["dm"], phys=spec["phys"], bond=spec["bond"],
+                              dtype=dtype, seed=spec["seed"])
+    if kind == "heisenberg":
+        jz = spec["j"] if spec["jz"] is None else spec["jz"]
+        return {"": problems.heisenberg(n, (spec["j"], spec["j"], jz), spec["field"],
+                                        dtype=dtype)}
+    return {"": problems.ising(n, spec["j"], spec["field"], dtype=dtype)}
+
+
+def generate(args: argparse.Namespace) -> int:
+    """Write a reference problem to ``args.path`` (a stack: one train per factor)."""
+    import zarr
+
+    import src_dask
+
+    spec = _generate_spec(args)
+    if spec.get("sites", 2) < 2:
+        args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
+    path = os.path.abspath(args.path)
+    _check_replaceable(path, args.overwrite)
+    trains = _build_problem(spec)
+    need = sum(t.nbytes for t in trains.values())
+    _check_free(path, need)
+    t0 = time.perf_counter()
+    with _atomic_dir(path, args.overwrite) as tmp:
+        if spec["kind"] == "stack":
+            group = zarr.open_group(tmp, mode="w")
+            group.attrs.update({"format": STACK_FORMAT, "version": 1,
+                                "factors": list(trains), "generated": spec})
+        for name, train in trains.items():
+            where = os.path.join(tmp, name) if name else tmp
+            src_dask.save(train, where)
+            _record(where, "generated", spec)
+    seconds = time.perf_counter() - t0
+    what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
+    first = next(iter(trains.values()))
+    _out(f"wrote {what} to {args.path}: {len(first)} sites, {spec['dtype']}, "
+         f"{_nbytes(need)} in {seconds:.1f} s")
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------
+def _open_inputs(paths: Sequence[str]) -> list[Any]:
+    """The saved trains at ``paths``, leftmost factor first; a stack expands to its factors."""
+    import src_dask
+
+    trains = []
+    for path in paths:
+        if not os.path.exists(path):
+            raise CLIError(f"{path}: no such file or directory")
+        fmt = _format(path)
+        if fmt == STACK_FORMAT:
+            factors = _attrs(path)["factors"]  # type: ignore[index]
+            trains += [src_dask.open(os.path.join(path, name)) for name in factors]
+        elif fmt == TRAIN_FORMAT:
+            trains.append(src_dask.open(path))
+        elif fmt == RUN_FORMAT:
+            raise CLIError(f"{path}: is a run store, not a train (its result is written to "
+                           "the --out of the run)")
+        else:
+            raise CLIError(f"{path}: not a src_dask train (write one with src_dask.save or "
+                           f"'{PROG} generate')")
+    return trains
+
+
+@contextlib.contextmanager
+def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
+    """The ``distributed.Client`` that ``run`` computes on, or None for Dask's
+    threaded scheduler in this process."""
+    if args.scheduler_file is not None:
+        from distributed import Client
+
+        if not os.path.isfile(args.scheduler_file):
+            raise CLIError(f"{args.scheduler_file}: no such scheduler file")
+        with Client(scheduler_file=args.scheduler_file) as client:
+            _err(f"connected to {client.scheduler.address} "
+                 f"({len(client.scheduler_info()['workers'])} workers)")
+            yield client
+        return
+    if args.gpus is not None or args.workers is not None:
+        from distributed import Client, LocalCluster
+
+        from ._cluster import cluster, has_gpu
+
+        options: dict[str, Any] = {"memory_limit": args.memory_limit,
+                                   "local_directory": args.local_directory,
+                                   "dashboard_address": ":0"}
+        if args.gpus is not None:
+            if not has_gpu():
+                raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
+                               "--workers N for a CPU cluster")
+            local = cluster(gpus=args.gpus, **options)
+        else:
+            local = LocalCluster(n_workers=args.workers, threads_per_worker=args.threads,
+                                 **options)
+        with local, Client(local) as client:
+            _err(f"dashboard: {client.dashboard_link}")
+            yield client
+        return
+    yield None
+
+
+def _draw_seed() -> int:
+    """A fresh seed for a run without ``--seed`` (recorded with the output)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    """SRC on saved trains; the result written to ``args.out`` (atomically)."""
+    import src_dask
+
+    out = os.path.abspath(args.out)
+    _check_replaceable(out, args.overwrite)  # before any work
+    if args.store is not None and os.path.abspath(args.store) == out:
+        raise CLIError(f"{args.out}: --out and --store must be different paths")
+    trains = _open_inputs(args.trains)
+    seed = args.seed
+    if seed is None and args.store is None:
+        seed = _draw_seed()  # a stored run records (and on resume reuses) its own
+    options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
+               "dtype": args.dtype, "seed": seed, "chunk": args.chunk}
+    t0 = time.perf_counter()
+    with _compute_client(args) as client:
+        try:
+            result = src_dask.src(*trains, **options, client=client, store=args.store,
+                                  overwrite=args.overwrite_store)
+        except ValueError as err:
+            if "pass overwrite=True" not in str(err):
+                raise
+            # a store of another run: the API's option is this command's --overwrite-store
+            raise CLIError(str(err).replace("pass overwrite=True", "pass --overwrite-store")
+                           ) from err
+        if args.store is not None:
+            options["seed"] = _attrs(os.path.abspath(args.store))["seed"]  # type: ignore[index]
+        with _atomic_dir(out, args.overwrite) as tmp:
+            src_dask.save(result, tmp)
+            _record(tmp, "made_by", {"command": "src-dask run",
+                                     "inputs": [os.path.abspath(p) for p in args.trains],
+                                     "store": args.store and os.path.abspath(args.store),
+                                     **options})
+    seconds = time.perf_counter() - t0
+    _out(f"wrote {result.kind} to {args.out}: {len(result)} sites, max bond "
+         f"{max(result.bond_dims)}, {result.dtype}, {_nbytes(result.nbytes)} in "
+         f"{seconds:.2f} s (seed {options['seed']})")
+    return 0
+
+
+# -- info -------------------------------------------------------------------------------------
+def _ints(values: Sequence[Any], head: int = 6) -> str:
+    """A long list of bonds or legs, shortened in the middle."""
+    items = [str(v) for v in values]
+    if len(items) > 2 * head + 1:
+        items = [*items[:head], "…", *items[-head:]]
+    return " ".join(items)
+
+
+def _phys_text(phys: Sequence[tuple[int, ...]]) -> str:
+    def one(p: tuple[int, ...]) -> str:
+        return "×".join(str(x) for x in p)
+
+    if len(set(phys)) == 1:
+        return f"{one(phys[0])} at every site"
+    return _ints([one(p) for p in phys])
+
+
+def _train_info(path: str) -> dict[str, Any]:
+    import src_dask
+
+    try:
+        tt = src_dask.open(path)
+    except KeyError as err:
+        raise CLIError(f"{path}: incomplete train (missing {err})") from None
+    info = {"path": path, "what": "train", "kind": tt.kind, "sites": len(tt),
+            "bond_dims": tt.bond_dims, "phys_dims": [list(p) for p in tt.phys_dims],
+            "dtype": tt.dtype.name, "bytes": tt.nbytes}
+    attrs = _attrs(path) or {}
+    for key in ("generated", "made_by"):
+        if key in attrs:
+            info[key] = attrs[key]
+    return info
+
+
+def _train_lines(info: dict[str, Any], indent: str = "  ") -> list[str]:
+    lines = [f"{indent}kind        {info['kind'].upper()}",
+             f"{indent}sites       {info['sites']}",
+             f"{indent}bond dims   {_ints(info['bond_dims'])}  (max {max(info['bond_dims'])})",
+             f"{indent}phys dims   {_phys_text([tuple(p) for p in info['phys_dims']])}",
+             f"{indent}dtype       {info['dtype']}",
+             f"{indent}bytes       {_nbytes(info['bytes'])}"]
+    for key, label in (("generated", "generated"), ("made_by", "made by")):
+        if key in info:
+            text = ", ".join(f"{k}={v}" for k, v in info[key].items() if v is not None)
+            lines.append(f"{indent}{label:<11} {text}")
+    return lines
+
+
+def _run_info(path: str) -> dict[str, Any]:
+    import zarr
+
+    group = zarr.open_group(path, mode="r")
+    attrs = dict(group.attrs)
+    fingerprint = dict(attrs.get("fingerprint", {}))
+    inputs = []
+    for kind, transpose, sites in fingerprint.pop("inputs", []):
+        shapes = [shape for shape, _token in sites]
+        nlegs = 2 if kind == "mpo" else 1
+        inputs.append({"kind": kind, "transposed": bool(transpose), "sites": len(shapes),
+                       "bond_dims": [s[0] if j == 0 else s[1] for j, s in
+                                     enumerate(shapes[:-1])],
+                       "phys_dims": [s[-nlegs:] for s in shapes]})
+    try:
+        pass1 = [bool(v) for v in group["progress/pass1"][...]]
+        pass2_next = int(group["progress"].attrs["pass2_next"])
+    except KeyError:
+        pass1, pass2_next = [], attrs.get("sites", 0) - 1
+    info: dict[str, Any] = {
+        "path": path, "what": "run store", "complete": bool(attrs.get("complete")),
+        "options": fingerprint, "seed": attrs.get("seed"), "sketch": attrs.get("sketch"),
+        "chunk": attrs.get("chunk"), "sites": attrs.get("sites"), "inputs": inputs,
+        "pass1_blocks_done": sum(pass1), "pass1_blocks": len(pass1),
+        "pass2_next_site": pass2_next, "bytes_planned": attrs.get("bytes_planned")}
+    if info["complete"]:
+        kind = "mps" if any(i["kind"] == "mps" for i in inputs) else "mpo"
+        cores = [group[f"result/site_{j}"] for j in range(attrs["sites"])]
+        from .trains import TensorTrain
+
+        result = TensorTrain(cores, kind)
+        info["result"] = {"kind": kind, "bond_dims": result.bond_dims,
+                          "dtype": result.dtype.name, "bytes": result.nbytes}
+    return info
+
+
+def _run_lines(info: dict[str, Any]) -> list[str]:
+    n = info["sites"]
+    options = ", ".join(f"{k}={v}" for k, v in info["options"].items())
+    status = "complete" if info["complete"] else "not complete (running, or interrupted: " \
+        "run the same command again to resume)"
+    lines = [f"  status      {status}",
+             f"  options     {options}",
+             f"  sketch      {info['sketch']} columns in blocks of {info['chunk']}, "
+             f"seed {info['seed']}",
+             f"  sites       {n}"]
+    for i, item in enumerate(info["inputs"]):
+        bra = ", transposed (bra)" if item["transposed"] else ""
+        lines.append(f"  input {i:<5} {item['kind'].upper()}, bond dims "
+                     f"{_ints(item['bond_dims'], 3)}, phys "
+                     f"{_phys_text([tuple(p) for p in item['phys_dims']])}{bra}")
+    done, blocks = info["pass1_blocks_done"], info["pass1_blocks"]
+    lines.append(f"  pass 1      {done} of {blocks} blocks of sketch columns done")
+    nxt = info["pass2_next_site"]
+    if nxt <= 0:
+        lines.append(f"  pass 2      done ({n - 1} of {n - 1} sites)")
+    else:
+        lines.append(f"  pass 2      next site {nxt} ({n - 1 - nxt} of {n - 1} sites done)")
+    lines.append(f"  planned     {_nbytes(info['bytes_planned'] or 0)} on disk")
+    if "result" in info:
+        r = info["result"]
+        lines.append(f"  result      {r['kind'].upper()}, bond dims {_ints(r['bond_dims'])}, "
+                     f"{r['dtype']}, {_nbytes(r['bytes'])}")
+    return lines
+
+
+def info(args: argparse.Namespace) -> int:
+    """Describe a saved train, a stack of trains, or a run store."""
+    path = args.path
+    if not os.path.exists(path):
+        raise CLIError(f"{path}: no such file or directory")
+    fmt = _format(path)
+    if fmt == TRAIN_FORMAT:
+        data = _train_info(path)
+        lines = [f"{path}: src_dask train"] + _train_lines(data)
+    elif fmt == STACK_FORMAT:
+        factors = _attrs(path)["factors"]  # type: ignore[index]
+        parts = {name: _train_info(os.path.join(path, name)) for name in factors}
+        data = {"path": path, "what": "stack", "factors": parts}
+        lines = [f"{path}: src_dask stack {'·'.join(factors)} ('src-dask run' takes it as "
+                 f"{len(factors)} factors, in this order)"]
+        generated = (_attrs(path) or {}).get("generated")
+        if generated:
+            data["generated"] = generated
+            lines.append("  generated   " + ", ".join(f"{k}={v}" for k, v in generated.items()))
+        for name, part in parts.items():
+            part.pop("generated", None)
+            lines += [f"  {name}:"] + _train_lines(part, indent="    ")
+    elif fmt == RUN_FORMAT:
+        data = _run_info(path)
+        lines = [f"{path}: src_dask run store"] + _run_lines(data)
+    else:
+        raise CLIError(f"{path}: not a src_dask train, stack or run store")
+    if args.json:
+        _out(json.dumps(data, indent=2))
+    else:
+        for line in lines:
+            _out(line)
+    return 0
+
+
+# -- the parser ---------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (for developers)")
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", parents=[common], formatter_class=fmt,
+                       help="run SRC on a built-in MPO·MPS problem on a local cluster",
+                       description=_wrap(
+                           "MPO·MPS with decaying bonds (a compressible product) on a local "
+                           "cluster: prints the dashboard address and, for plain and "
+                           "oversampled SRC, the relative error against the exact product "
+                           "and the time."))
+    p.add_argument("--sites", type=_positive_int, default=40, help="sites (default 40)")
+    p.add_argument("--bond", type=_positive_int, default=64,
+                   help="MPS bond dimension (default 64)")
+    p.add_argument("--mpo-bond", type=_positive_int, default=4,
+                   help="MPO bond dimension (default 4)")
+    p.add_argument("--chi-out", type=_positive_int, default=64,
+                   help="bond dimension of the result (default 64)")
+    p.add_argument("--workers", type=_positive_int, default=2,
+                   help="worker processes of the local cluster (default 2)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed (default 0)")
     p.add_argument("--wait", action="store_true", help="keep the dashboard up until Enter")
     p.set_defaults(func=demo)
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+    p = sub.add_parser(
+        "generate", parents=[common], formatter_class=fmt,
+        help="write a reference problem (random MPS/MPO, the src-method stack, "
+             "Heisenberg or Ising MPO) to Zarr",
+        description=_wrap(
+            "Write a reference problem to PATH with src_dask.save (a Zarr group; PATH "
+            "appears only once it is completely written).",
+            "  mps         random MPS, complex Gaussian, bonds min(--bond, phys^k), norm ~1\n"
+        "  mpo         random MPO, same, |A x| ~ |x|\n"
+        "  stack       the src-method stack N·V·M·U: PATH/N, PATH/V, PATH/M, PATH/U;\n"
+        "              legs 4x4, bonds --bond, --bond, --dm, --bond, entries\n"
+        "              (N(0,1) + i N(0,1))/sqrt(bond*4); drawn site by site, never held\n"
+        "              in memory ('src-dask run PATH' takes the four factors in order)\n"
+        "  heisenberg  spin-1/2 XXZ chain, H = sum j (SxSx + SySy) + jz SzSz - field Sz\n"
+        "              (quimb's MPO_ham_heis), exact MPO of bond 5\n"
+        "  ising       spin-1/2 transverse-field Ising, H = sum j SzSz - field Sx\n"
+        "              (quimb's MPO_ham_ising), exact MPO of bond 3",
+            "Spin operators are S = sigma/2. Random problems are the same for the same "
+            "options and seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 "
+            "(12 GB); complex128 for random problems, float64 for Hamiltonians."))
+    p.add_argument("kind", choices=list(_GENERATE_DEFAULTS), metavar="KIND",
+                   help="mps, mpo, stack, heisenberg or ising")
+    p.add_argument("path", metavar="PATH", help="where to write (a Zarr group)")
+    p.add_argument("--sites", type=_positive_int, metavar="N", help="number of sites (default 50)")
+    p.add_argument("--bond", type=_positive_int, metavar="N",
+                   help="bond dimension (mps 64, mpo 4; stack: of N, V and U, 4)")
+    p.add_argument("--phys", type=_positive_int, metavar="N",
+                   help="physical dimension (mps, mpo 2; stack 4)")
+    p.add_argument("--dm", type=_positive_int, metavar="N",
+                   help="stack: bond D_M of M (default 1000)")
+    p.add_argument("--seed", type=_non_negative_int, metavar="N",
+                   help="random problems: seed (default 0; the stack's factor i uses seed+i)")
+    p.add_argument("--dtype", choices=DTYPES, help="dtype of the cores")
+    p.add_argument("--j", type=float, help="Hamiltonians: coupling (default 1; > 0 is "
+                   "antiferromagnetic)")
+    p.add_argument("--jz", type=float, help="heisenberg: ZZ coupling (default --j; XXZ "
+                   "anisotropy)")
+    p.add_argument("--field", type=float, help="Hamiltonians: field, bz for heisenberg, "
+                   "bx for ising (default 0)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace PATH if it holds a src_dask train or stack")
+    p.set_defaults(func=generate, parser=p)
+
+    p = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt,
+        help="compress the product of saved trains with SRC; write the result to Zarr",
+        description=_wrap(
+            "Compress the product TRAIN[0]·TRAIN[1]·… (leftmost first; a stack written by "
+            "'generate stack' counts as its factors) to bond dimension --chi-out with "
+            "src_dask.src, and write the result to --out with src_dask.save. The output "
+            "appears only when the run has finished: a failed or interrupted run leaves "
+            "nothing at --out. With --store, rerunning the same command resumes an "
+            "interrupted run.",
+            "Where it runs: --scheduler-file (a running cluster), --gpus (a local dask-cuda "
+            "cluster, one worker per GPU), --workers (a local CPU cluster), else Dask's "
+            "threaded scheduler in this process."))
+    p.add_argument("trains", nargs="+", metavar="TRAIN",
+                   help="saved trains (src_dask.save / 'src-dask generate'), leftmost first")
+    p.add_argument("--chi-out", type=_positive_int, required=True, metavar="N",
+                   help="bond dimension of the result")
+    p.add_argument("--out", required=True, metavar="PATH", help="where to write the result")
+    p.add_argument("--oversample", type=_oversample, default=0, metavar="N|auto",
+                   help="extra sketch columns, or 'auto' = max(ceil(chi_out/2), 10); with "
+                   "N > 0 the result is rounded exactly to chi_out (default 0)")
+    p.add_argument("--cutoff", type=_cutoff, default=0.0, metavar="X",
+                   help="relative singular-value threshold in [0, 1) (default 0)")
+    p.add_argument("--seed", type=_non_negative_int, metavar="N",
+                   help="seed of the sketch (default: a fresh one, printed and recorded "
+                   "with the output; with --store, the store's)")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="working and output dtype (default: promoted from the inputs)")
+    p.add_argument("--chunk", type=_positive_int, metavar="N",
+                   help="sketch columns per block (default: one block per worker thread, "
+                   "none over 256 MiB)")
+    p.add_argument("--store", metavar="DIR",
+                   help="run store (Zarr) for environments and progress: bounded memory, "
+                   "resumable")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it holds a src_dask train")
+    p.add_argument("--overwrite-store", action="store_true",
+                   help="replace a --store that holds a run of other inputs or options "
+                   "(a store of the same run is resumed, not replaced)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--scheduler-file", metavar="FILE",
+                       help="connect to the Dask cluster of this scheduler file")
+    where.add_argument("--gpus", type=_positive_int, metavar="N",
+                       help="start a local dask-cuda cluster on N GPUs (src_dask.cluster)")
+    where.add_argument("--workers", type=_positive_int, metavar="N",
+                       help="start a local CPU cluster of N worker processes")
+    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                   help="--workers: threads per worker (default 1)")
+    p.add_argument("--memory-limit", default="auto", metavar="BYTES",
+                   help="--gpus/--workers: host memory per worker before spilling to disk "
+                   "(default auto)")
+    p.add_argument("--local-directory", metavar="DIR",
+                   help="--gpus/--workers: where workers spill to disk")
+    p.set_defaults(func=run)
+
+    p = sub.add_parser("info", parents=[common], formatter_class=fmt,
+                       help="describe a saved train, a stack or a run store",
+                       description=_wrap(
+                           "For a train: kind, sites, bond and physical dimensions, dtype "
+                           "and size. For a stack: each factor. For a run store: the run's "
+                           "options and inputs, its progress (pass 1 blocks done, pass 2 "
+                           "next site), whether it is complete, and the bytes it plans to "
+                           "use."))
+    p.add_argument("path", metavar="PATH", help="a saved train, stack or run store")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:  # stdout closed early (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as err:
+        if args.debug:
+            raise
+        _err(f"error: {_one_line(err)}")
+        return 1
 
 
 if __name__ == "__main__":

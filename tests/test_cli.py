@@ -1,0 +1,336 @@
+"""The src-dask command line: generate, run, info; exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+import src_dask
+from src_dask import _runstore
+from src_dask._cli import CLIError, main
+
+SMALL = ["--sites", "8"]
+
+
+def error_line(capsys) -> str:
+    """The one line the command wrote to stderr."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("src-dask: error: ")
+    return lines[0]
+
+
+def siblings(path) -> list[str]:
+    """Entries next to ``path`` whose name mentions it (temporaries included)."""
+    return sorted(p for p in os.listdir(path.parent) if path.name in p)
+
+
+@pytest.fixture
+def problem(tmp_path):
+    """A small MPO·MPS saved by the command line."""
+    a, x = tmp_path / "A.zarr", tmp_path / "x.zarr"
+    assert main(["generate", "mpo", str(a), *SMALL, "--bond", "3", "--seed", "1"]) == 0
+    assert main(["generate", "mps", str(x), *SMALL, "--bond", "12", "--seed", "2"]) == 0
+    return a, x
+
+
+# -- generate ------------------------------------------------------------------------------
+def test_generate_writes_what_problems_make(tmp_path, capsys):
+    path = tmp_path / "x.zarr"
+    assert main(["generate", "mps", str(path), "--sites", "6", "--bond", "5", "--phys", "3",
+                 "--seed", "4", "--dtype", "complex64"]) == 0
+    assert "wrote mps" in capsys.readouterr().out
+    saved = src_dask.open(path)
+    ref = src_dask.problems.random_mps(6, 5, 3, dtype="complex64", seed=4)
+    assert saved.bond_dims == ref.bond_dims and saved.dtype == np.complex64
+    for a, b in zip(saved.to_numpy(), ref.to_numpy(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind, options, bonds", [
+    ("heisenberg", ["--jz", "0.5", "--field", "0.1"], 5),
+    ("ising", ["--field", "0.5", "--dtype", "complex128"], 3),
+])
+def test_generate_hamiltonians(tmp_path, kind, options, bonds):
+    path = tmp_path / kind
+    assert main(["generate", kind, str(path), "--sites", "5", *options]) == 0
+    h = src_dask.open(path)
+    assert h.bond_dims == [bonds] * 4
+    ref = (src_dask.problems.heisenberg(5, (1.0, 1.0, 0.5), 0.1) if kind == "heisenberg"
+           else src_dask.problems.ising(5, 1.0, 0.5))
+    np.testing.assert_allclose(h.to_dense(), ref.to_dense(), atol=1e-14)
+
+
+def test_generate_stack_and_info(tmp_path, capsys):
+    path = tmp_path / "stack"
+    assert main(["generate", "stack", str(path), "--sites", "4", "--dm", "6"]) == 0
+    assert sorted(os.listdir(path)) == ["M", "N", "U", "V", "zarr.json"]
+    assert src_dask.open(path / "M").bond_dims == [6, 6, 6]
+    capsys.readouterr()
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "stack N·V·M·U" in out and out.count("phys dims   4×4 at every site") == 4
+
+
+def test_generate_refuses_to_overwrite(tmp_path, capsys):
+    path = tmp_path / "A"
+    assert main(["generate", "mpo", str(path), "--sites", "4"]) == 0
+    assert main(["generate", "mpo", str(path), "--sites", "4"]) == 1
+    assert "already exists; pass --overwrite" in error_line(capsys)
+    assert main(["generate", "mpo", str(path), "--sites", "5", "--overwrite"]) == 0
+    assert len(src_dask.open(path)) == 5
+    assert siblings(path) == ["A"]
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main(["generate", "mpo", str(other), "--overwrite"]) == 1
+    assert "not a src_dask train" in error_line(capsys)
+    assert (other / "keep.txt").read_text() == "mine"
+
+
+# -- run --------------------------------------------------------------------------------------
+def test_generate_run_info_round_trip(problem, tmp_path, capsys):
+    a, x = problem
+    out = tmp_path / "y.zarr"
+    assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "5", "--out", str(out),
+                 "--oversample", "auto", "--cutoff", "1e-14"]) == 0
+    assert "wrote mps" in capsys.readouterr().out
+    y = src_dask.open(out)
+    ref = src_dask.src(src_dask.open(a), src_dask.open(x), chi_out=6, seed=5,
+                       oversample="auto", cutoff=1e-14)
+    assert y.bond_dims == ref.bond_dims
+    for c, r in zip(y.to_numpy(), ref.to_numpy(), strict=True):
+        np.testing.assert_allclose(c, r, rtol=0, atol=1e-12 * np.abs(r).max())
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kind        MPS" in text and "sites       8" in text and "complex128" in text
+    assert "seed=5" in text  # how it was made
+    assert main(["info", "--json", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bond_dims"] == ref.bond_dims and data["bytes"] == ref.nbytes
+    assert data["made_by"]["chi_out"] == 6 and data["made_by"]["oversample"] == "auto"
+
+
+def test_run_with_dtype_and_chunk_matches_api(problem, tmp_path):
+    a, x = problem
+    out = tmp_path / "y"
+    assert main(["run", str(a), str(x), "--chi-out", "5", "--seed", "1", "--chunk", "2",
+                 "--dtype", "complex64", "--out", str(out)]) == 0
+    y = src_dask.open(out)
+    ref = src_dask.src(src_dask.open(a), src_dask.open(x), chi_out=5, seed=1,
+                       dtype="complex64")
+    assert y.dtype == np.complex64
+    np.testing.assert_allclose(y.to_dense(), ref.to_dense(), atol=1e-5)
+
+
+def test_run_refuses_to_write_over_an_output(problem, tmp_path, capsys):
+    a, x = problem
+    out = tmp_path / "y"
+    args = ["run", str(a), str(x), "--seed", "1", "--out", str(out)]
+    assert main([*args, "--chi-out", "4"]) == 0
+    before = src_dask.open(out).to_dense()
+    assert main([*args, "--chi-out", "6"]) == 1
+    assert "already exists; pass --overwrite" in error_line(capsys)
+    np.testing.assert_array_equal(src_dask.open(out).to_dense(), before)
+    assert main([*args, "--chi-out", "6", "--overwrite"]) == 0
+    assert max(src_dask.open(out).bond_dims) == 6
+    assert siblings(out) == ["y"]
+
+
+def test_a_failed_run_leaves_no_output(problem, tmp_path, monkeypatch, capsys):
+    """A failure while writing the result, or an interrupt during the run, leaves
+    nothing at --out: no complete-looking train, no temporaries."""
+    a, x = problem
+    out = tmp_path / "y"
+    save = src_dask.save
+
+    def save_then_fail(train, path, **kw):
+        save(train, path, **kw)  # the whole train written, then the failure
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(src_dask, "save", save_then_fail)
+    args = ["run", str(a), str(x), "--chi-out", "4", "--out", str(out)]
+    assert main(args) == 1
+    assert "No space left on device" in error_line(capsys)
+    assert siblings(out) == []
+
+    def interrupted(*trains, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(src_dask, "save", save)
+    monkeypatch.setattr(src_dask, "src", interrupted)
+    assert main(args) == 130
+    assert capsys.readouterr().err.strip() == "src-dask: interrupted"
+    assert siblings(out) == []
+    with pytest.raises(KeyboardInterrupt):
+        main([*args, "--debug"])
+
+
+def test_interrupted_store_run_shows_progress_and_resumes(problem, tmp_path, monkeypatch,
+                                                          capsys):
+    a, x = problem
+    out, store = tmp_path / "y", tmp_path / "run.zarr"
+    args = ["run", str(a), str(x), "--chi-out", "6", "--seed", "3", "--chunk", "3",
+            "--out", str(out), "--store", str(store)]
+    write = _runstore.RunStore.write_pass2
+
+    def fail_at_site_4(self, site, *rest):
+        if site == 4:
+            raise RuntimeError("worker lost")
+        return write(self, site, *rest)
+
+    monkeypatch.setattr(_runstore.RunStore, "write_pass2", fail_at_site_4)
+    assert main(args) == 1
+    assert "worker lost" in error_line(capsys)
+    assert siblings(out) == []
+
+    assert main(["info", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "run store" in text and "not complete" in text
+    assert "2 of 2 blocks of sketch columns done" in text
+    assert "next site 4 (3 of 7 sites done)" in text
+    assert "chi_out=6" in text and "seed=3" in text
+    assert main(["info", "--json", str(store)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["complete"] is False and data["pass2_next_site"] == 4
+    assert [i["kind"] for i in data["inputs"]] == ["mpo", "mps"] and data["bytes_planned"] > 0
+
+    monkeypatch.setattr(_runstore.RunStore, "write_pass2", write)
+    assert main(args) == 0  # resumes
+    ref = src_dask.src(src_dask.open(a), src_dask.open(x), chi_out=6, seed=3)
+    np.testing.assert_allclose(src_dask.open(out).to_dense(), ref.to_dense(), rtol=0,
+                               atol=1e-12 * np.abs(ref.to_dense()).max())
+    capsys.readouterr()
+    assert main(["info", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "status      complete" in text and "pass 2      done" in text
+    assert "result      MPS" in text
+
+
+def test_store_of_another_run_needs_overwrite_store(problem, tmp_path, capsys):
+    a, x = problem
+    store = tmp_path / "run.zarr"
+    base = ["run", str(a), str(x), "--seed", "1", "--store", str(store)]
+    assert main([*base, "--chi-out", "4", "--out", str(tmp_path / "y4")]) == 0
+    assert main([*base, "--chi-out", "5", "--out", str(tmp_path / "y5")]) == 1
+    line = error_line(capsys)
+    assert "other inputs or options" in line and "--overwrite-store" in line
+    assert main([*base, "--chi-out", "5", "--out", str(tmp_path / "y5"),
+                 "--overwrite-store"]) == 0
+    assert max(src_dask.open(tmp_path / "y5").bond_dims) == 5
+
+
+def test_run_takes_a_stack_as_its_factors(tmp_path):
+    path = tmp_path / "stack"
+    assert main(["generate", "stack", str(path), "--sites", "4", "--dm", "5", "--seed", "2"]) == 0
+    assert main(["run", str(path), "--chi-out", "6", "--seed", "0",
+                 "--out", str(tmp_path / "y")]) == 0
+    y = src_dask.open(tmp_path / "y")
+    factors = [src_dask.open(path / name) for name in "NVMU"]
+    ref = src_dask.src(*factors, chi_out=6, seed=0)
+    assert y.kind == "mpo"
+    np.testing.assert_allclose(y.to_dense(), ref.to_dense(), rtol=0,
+                               atol=1e-12 * np.abs(ref.to_dense()).max())
+
+
+def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path):
+    """--workers: a LocalCluster; the result depends on the seed alone."""
+    a, x = problem
+    common = ["run", str(a), str(x), "--chi-out", "6", "--seed", "9"]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    assert main([*common, "--workers", "1", "--out", str(tmp_path / "cluster")]) == 0
+    np.testing.assert_allclose(src_dask.open(tmp_path / "cluster").to_dense(),
+                               src_dask.open(tmp_path / "local").to_dense(), atol=1e-12)
+
+
+# -- errors and exit codes ------------------------------------------------------------------
+def test_bad_input_is_one_line_and_exit_1(problem, tmp_path, capsys):
+    a, x = problem
+    out = str(tmp_path / "y")
+    assert main(["run", str(a), str(tmp_path / "missing"), "--chi-out", "4", "--out", out]) == 1
+    assert "missing: no such file or directory" in error_line(capsys)
+    assert main(["info", str(tmp_path / "missing")]) == 1
+    assert "no such file or directory" in error_line(capsys)
+    assert main(["info", str(tmp_path)]) == 1
+    assert "not a src_dask train, stack or run store" in error_line(capsys)
+    assert main(["run", str(tmp_path), "--chi-out", "4", "--out", out]) == 1
+    assert "not a src_dask train" in error_line(capsys)
+    # two MPS: the API's validation, as one line
+    assert main(["run", str(x), str(x), "--chi-out", "4", "--out", out]) == 1
+    error_line(capsys)
+    assert main(["run", str(a), str(x), "--chi-out", "4", "--out", out,
+                 "--scheduler-file", str(tmp_path / "nope.json")]) == 1
+    assert "no such scheduler file" in error_line(capsys)
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "A", "--chi-out", "0", "--out", "y"], "--chi-out: expected a positive integer"),
+    (["run", "A", "--out", "y"], "required: --chi-out"),
+    (["run", "A", "--chi-out", "4", "--out", "y", "--oversample", "some"], "'auto'"),
+    (["run", "A", "--chi-out", "4", "--out", "y", "--cutoff", "1.5"], "[0, 1)"),
+    (["run", "A", "--chi-out", "4", "--out", "y", "--workers", "2", "--gpus", "1"],
+     "not allowed with"),
+    (["generate", "mps", "x", "--dm", "3"], "--dm does not apply to 'mps'"),
+    (["generate", "cube", "x"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_errors_exit_2_with_one_line(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in error_line(capsys)
+
+
+def test_debug_shows_the_exception(problem, tmp_path):
+    a, x = problem
+    with pytest.raises(CLIError, match="no such file"):
+        main(["info", "--debug", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="MPS"):  # from the API, unchanged
+        main(["run", str(x), str(x), "--chi-out", "2", "--out", str(tmp_path / "y"),
+              "--debug"])
+
+
+def test_gpus_without_a_gpu_is_a_clear_error(problem, tmp_path, capsys):
+    from src_dask._cluster import has_gpu
+
+    if has_gpu():
+        pytest.skip("this machine has a GPU")
+    a, x = problem
+    assert main(["run", str(a), str(x), "--chi-out", "4", "--gpus", "1",
+                 "--out", str(tmp_path / "y")]) == 1
+    assert "--gpus: no usable GPU" in error_line(capsys)
+
+
+def test_module_help_in_a_subprocess():
+    res = subprocess.run([sys.executable, "-m", "src_dask", "--help"], capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0 and res.stderr == ""
+    for command in ("demo", "generate", "run", "info"):
+        assert command in res.stdout
+    assert "Exit status" in res.stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "generate", "run", "info"])
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: src-dask {command}") and "--debug" in out
+
+
+def test_info_of_a_broken_train(tmp_path, capsys):
+    """A train whose group says 'train' but lacks a site (written by hand and cut short)."""
+    path = tmp_path / "t"
+    src_dask.save(src_dask.problems.ising(4), path)
+    zarr.open_group(path, mode="r+").attrs["sites"] = 5
+    assert main(["info", str(path)]) == 1
+    assert "incomplete train" in error_line(capsys)
