@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 import src_dask
-from src_dask import _runstore
+from src_dask import _runstore, problems
 from src_dask._cli import CLIError, main
 
 SMALL = ["--sites", "8"]
@@ -48,7 +48,7 @@ def test_generate_writes_what_problems_make(tmp_path, capsys):
                  "--seed", "4", "--dtype", "complex64"]) == 0
     assert "wrote mps" in capsys.readouterr().out
     saved = src_dask.open(path)
-    ref = src_dask.problems.random_mps(6, 5, 3, dtype="complex64", seed=4)
+    ref = problems.random_mps(6, 5, 3, dtype="complex64", seed=4)
     assert saved.bond_dims == ref.bond_dims and saved.dtype == np.complex64
     for a, b in zip(saved.to_numpy(), ref.to_numpy(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -63,8 +63,8 @@ def test_generate_hamiltonians(tmp_path, kind, options, bonds):
     assert main(["generate", kind, str(path), "--sites", "5", *options]) == 0
     h = src_dask.open(path)
     assert h.bond_dims == [bonds] * 4
-    ref = (src_dask.problems.heisenberg(5, (1.0, 1.0, 0.5), 0.1) if kind == "heisenberg"
-           else src_dask.problems.ising(5, 1.0, 0.5))
+    ref = (problems.heisenberg(5, (1.0, 1.0, 0.5), 0.1) if kind == "heisenberg"
+           else problems.ising(5, 1.0, 0.5))
     np.testing.assert_allclose(h.to_dense(), ref.to_dense(), atol=1e-14)
 
 
@@ -240,14 +240,32 @@ def test_run_takes_a_stack_as_its_factors(tmp_path):
                                atol=1e-12 * np.abs(ref.to_dense()).max())
 
 
-def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path):
-    """--workers: a LocalCluster; the result depends on the seed alone."""
+def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys):
+    """--workers: a LocalCluster (with Dask's performance report); the result depends on
+    the seed alone."""
     a, x = problem
     common = ["run", str(a), str(x), "--chi-out", "6", "--seed", "9"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
-    assert main([*common, "--workers", "1", "--out", str(tmp_path / "cluster")]) == 0
+    report = tmp_path / "report.html"
+    assert main([*common, "--workers", "1", "--report", str(report),
+                 "--out", str(tmp_path / "cluster")]) == 0
+    assert "dashboard: http" in capsys.readouterr().err
+    assert report.stat().st_size > 0
     np.testing.assert_allclose(src_dask.open(tmp_path / "cluster").to_dense(),
                                src_dask.open(tmp_path / "local").to_dense(), atol=1e-12)
+
+
+def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
+    a, x = problem
+    assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "9", "--progress", "-v",
+                 "--out", str(tmp_path / "y")]) == 0
+    captured = capsys.readouterr()
+    assert "wrote mps" in captured.out and "passes" not in captured.out
+    assert "done: 2 passes over 8 sites" in captured.err  # the bar
+    assert "src-dask: src: MPO·MPS" in captured.err  # the INFO log
+    assert main(["run", str(a), str(x), "--chi-out", "6", "--report", "r.html",
+                 "--out", str(tmp_path / "z")]) == 1
+    assert "--report: Dask's performance report needs a cluster" in error_line(capsys)
 
 
 # -- errors and exit codes ------------------------------------------------------------------
@@ -330,7 +348,7 @@ def test_subcommand_help(command, capsys):
 def test_info_of_a_broken_train(tmp_path, capsys):
     """A train whose group says 'train' but lacks a site (written by hand and cut short)."""
     path = tmp_path / "t"
-    src_dask.save(src_dask.problems.ising(4), path)
+    src_dask.save(problems.ising(4), path)
     zarr.open_group(path, mode="r+").attrs["sites"] = 5
     assert main(["info", str(path)]) == 1
     assert "incomplete train" in error_line(capsys)

@@ -374,6 +374,17 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
     yield None
 
 
+def _log_to_stderr() -> None:
+    """Show the ``src_dask`` logger's INFO messages (what a run does) on stderr."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("src-dask: %(message)s"))
+    logger = logging.getLogger("src_dask")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def _draw_seed() -> int:
     """A fresh seed for a run without ``--seed`` (recorded with the output)."""
     return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
@@ -387,17 +398,24 @@ def run(args: argparse.Namespace) -> int:
     _check_replaceable(out, args.overwrite)  # before any work
     if args.store is not None and os.path.abspath(args.store) == out:
         raise CLIError(f"{args.out}: --out and --store must be different paths")
+    if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
+        raise CLIError("--report: Dask's performance report needs a cluster; add --workers N, "
+                       "--gpus N or --scheduler-file FILE")
     trains = _open_inputs(args.trains)
+    if args.verbose:
+        _log_to_stderr()
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     seed = args.seed
     if seed is None and args.store is None:
         seed = _draw_seed()  # a stored run records (and on resume reuses) its own
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "seed": seed, "chunk": args.chunk}
-    t0 = time.perf_counter()
     with _compute_client(args) as client:
+        t0 = time.perf_counter()
         try:
             result = src_dask.src(*trains, **options, client=client, store=args.store,
-                                  overwrite=args.overwrite_store)
+                                  overwrite=args.overwrite_store, progress=progress,
+                                  performance_report=args.report)
         except ValueError as err:
             if "pass overwrite=True" not in str(err):
                 raise
@@ -677,6 +695,14 @@ def _parser() -> argparse.ArgumentParser:
                    "resumable")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out if it holds a src_dask train")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                   help="a progress bar by pass and site on stderr (default: when stderr is "
+                   "a terminal)")
+    p.add_argument("--report", metavar="HTML",
+                   help="write Dask's performance report of the run to this HTML file "
+                   "(needs --workers, --gpus or --scheduler-file)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log what the run does (problem, sketch, device) on stderr")
     p.add_argument("--overwrite-store", action="store_true",
                    help="replace a --store that holds a run of other inputs or options "
                    "(a store of the same run is resumed, not replaced)")
