@@ -64,8 +64,29 @@ def test_cupy_inputs_run_on_the_gpu():
     a, x = STACKS["mpo.mps"](np.complex128)
     ref = _on("cpu", a, x, chi_out=32, seed=1)
     y = src_dask.apply([cupy.asarray(c) for c in a], [cupy.asarray(c) for c in x], 32, seed=1)
-    assert all(isinstance(c, np.ndarray) for c in y)  # results reach the client as NumPy
+    assert all(isinstance(c, cupy.ndarray) for c in y)  # CuPy in, CuPy out (as quimb)
+    _same(src_dask.TensorTrain(y.to_numpy()), ref)
+    y = src_dask.apply([cupy.asarray(c) for c in a], list(x), 32, seed=1)
+    assert all(isinstance(c, np.ndarray) for c in y)  # any NumPy input: NumPy out
     _same(y, ref)
+
+
+def test_cholesky_qr2_on_the_gpu_and_its_fallback():
+    import cupy
+
+    from src_dask import _kernels as K
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((300, 900)) + 1j * rng.standard_normal((300, 900))
+    q = K._cholesky_qr2(cupy.asarray(a))
+    ref, r = np.linalg.qr(a.T)
+    ref = K._positive_diagonal(ref, r).T
+    assert np.abs(q.get() - ref).max() < 1e-13
+    deficient = cupy.asarray(np.repeat(a[:10], 3, axis=0))  # 30 rows of rank 10
+    assert K._cholesky_qr2(deficient) is None
+    # a rank-deficient sketch still gives orthonormal rows, through Householder
+    eta = K.orthonormalize([deficient], 900, 1, 0.0, 30, site=1).reshape(30, -1)
+    assert abs(eta.conj() @ eta.T - cupy.eye(30)).max() < 1e-12
 
 
 def test_zarr_inputs_and_store_on_the_gpu(tmp_path):

@@ -71,16 +71,24 @@ def test_current_client_is_used_by_default(cluster_client):
     assert _api._client(None) is None
 
 
-def test_default_chunk_uses_every_worker_thread(cluster_client):
+def test_default_chunk_uses_every_worker_thread_or_gpu(cluster_client):
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, None) == 100
-    assert _api._default_chunk(stack, 100, cluster_client) == 50
+    assert _api._default_chunk(stack, 100, None, "cpu") == 100
+    assert _api._default_chunk(stack, 100, cluster_client, "cpu") == 50
+
+
+    class OneGpuWorker:
+        def nthreads(self) -> dict[str, int]:
+            return {"tcp://gpu-worker": 4}
+
+    assert _api._default_chunk(stack, 100, OneGpuWorker(), "gpu") == 100
+    assert _api._default_chunk(stack, 100, OneGpuWorker(), "cpu") == 25
 
 
 def test_default_chunk_caps_block_size(monkeypatch):
     monkeypatch.setattr(_api, "_BLOCK_BYTES", 16 * 12 * 10)  # 10 columns of a 3*4 env
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, None) == 10
+    assert _api._default_chunk(stack, 100, None, "cpu") == 10
 
 
 def test_blocks_stay_on_their_worker(cluster_client):

@@ -123,3 +123,29 @@ def test_sketch_statistics():
     assert abs(real.mean()) < 0.05 and abs(real.var() - 1) < 0.05
     assert abs(np.mean(np.abs(cplx) ** 2) - 1) < 0.05
     assert abs(np.mean(cplx.real * cplx.imag)) < 0.05
+
+
+def test_cholesky_qr2_is_the_positive_diagonal_qr():
+    """The GPU's CholeskyQR2 (run here through SciPy) gives Householder's Q with
+    diag R > 0, and declines (None) what it cannot orthonormalise to rounding."""
+    pytest.importorskip("scipy")
+    from src_dask import _kernels as K
+
+    rng = np.random.default_rng(0)
+    for rows, cols in [(40, 100), (7, 7), (30, 31)]:
+        a = rng.standard_normal((rows, cols)) + 1j * rng.standard_normal((rows, cols))
+        q, r = np.linalg.qr(a.T)
+        assert np.abs(K._cholesky_qr2(a) - K._positive_diagonal(q, r).T).max() < 1e-13
+    u, _ = np.linalg.qr(rng.standard_normal((60, 12)))
+    v, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    for cond in (1e2, 1e5):  # round two to first order, and in full
+        a = (u * np.logspace(0, -np.log10(cond), 12) @ v).T
+        q, r = np.linalg.qr(a.T)
+        q2 = K._cholesky_qr2(a)
+        assert np.abs(q2 @ q2.T - np.eye(12)).max() < 1e-14
+        assert np.abs(q2 - K._positive_diagonal(q, r).T).max() < 1e-15 * cond
+    assert K._cholesky_qr2((u * np.logspace(0, -10, 12) @ v).T) is None  # cond 1e10
+    assert K._cholesky_qr2(np.repeat(u.T[:4], 3, axis=0)) is None  # rank 4 of 12
+    nan = u.T.copy()
+    nan[0, 0] = np.nan
+    assert K._cholesky_qr2(nan) is None

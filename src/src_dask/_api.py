@@ -99,7 +99,9 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     stack = make_stack(trains, dtype)
 
     sketch = chi_out + extra
-    chunk = min(chunk or _default_chunk(stack, sketch, client), sketch)
+    inputs = [c for f in stack.factors for c in f.train]
+    device = choose_device(client, inputs)
+    chunk = min(chunk or _default_chunk(stack, sketch, client, device), sketch)
     run, resume = None, None
     if store is not None:
         options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
@@ -110,7 +112,6 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         if run.is_complete():
             log.info("src: %s holds the finished run; not recomputing", run.path)
             return run.result(stack.kind)
-    inputs = [c for f in stack.factors for c in f.train]
     plan = _graph.Plan(
         sketch=sketch,
         chunk=chunk,
@@ -118,7 +119,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         cutoff=cutoff,
         key=_random.seed_key(seed),
         round=extra > 0,
-        device=choose_device(client, inputs),
+        device=device,
         # CuPy in, CuPy out (as quimb does), unless a client or a store gets the result
         to_host=client is not None or store is not None or not all(map(_is_cupy, inputs)),
     )
@@ -207,9 +208,15 @@ def _fingerprint(stack: Stack) -> list:
             for f in stack.factors]
 
 
-def _default_chunk(stack: Stack, sketch: int, client: Any) -> int:
-    """Columns per block: one block per worker thread, none over ``_BLOCK_BYTES``."""
-    slots = 1 if client is None else max(1, sum(client.nthreads().values()))
+def _default_chunk(stack: Stack, sketch: int, client: Any, device: str) -> int:
+    """Columns per block: one block per CPU worker thread or per GPU (a GPU runs
+    one block's GEMMs at a time, the larger the better), none over ``_BLOCK_BYTES``."""
+    if client is None:
+        slots = 1
+    elif device == "gpu":
+        slots = len(client.nthreads())
+    else:
+        slots = max(1, sum(client.nthreads().values()))
     per_column = max(math.prod(stack.left_bonds(j)) for j in range(stack.n))
     per_column *= stack.dtype.itemsize
     blocks = max(slots, math.ceil(sketch * per_column / _BLOCK_BYTES))

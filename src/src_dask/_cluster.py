@@ -85,6 +85,9 @@ def cluster(gpus: int | list[int] | None = None, device_memory_limit: str | floa
                             protocol=f"{protocol}://", **kwargs)
     from dask_cuda import LocalCUDACluster
 
+    # A few threads per GPU: while one launches kernels, others read and copy inputs.
+    kwargs.setdefault("threads_per_worker", 4)
+
     if isinstance(gpus, int):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",")[:gpus] if visible else [str(i) for i in range(gpus)]

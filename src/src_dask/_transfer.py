@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-#: Below this size a plain copy is cheaper than a stream and a staging buffer.
+#: Below this size a plain device-to-host copy is cheaper than a stream and a staging buffer.
 _SMALL = 1 << 20
 
 _local = threading.local()
@@ -32,12 +32,12 @@ def _copy_stream() -> Any:
 
 
 def to_device(x: Any) -> Any:
-    """``x`` as a CuPy array; a large NumPy array goes through pinned memory
-    on this thread's copy stream."""
+    """``x`` as a CuPy array; a NumPy array goes through pinned memory on this
+    thread's copy stream, and nothing waits on the host for the copy."""
     import cupy
     import cupyx
 
-    if not isinstance(x, np.ndarray) or x.nbytes < _SMALL:
+    if not isinstance(x, np.ndarray):
         return cupy.asarray(x)
     kernels = cupy.cuda.get_current_stream()
     out = cupy.empty(x.shape, x.dtype)  # from the kernels' stream's pool
@@ -47,9 +47,20 @@ def to_device(x: Any) -> Any:
     # ``out`` may reuse memory that queued kernels still read: copy after them
     stream.wait_event(kernels.record())
     out.set(staging, stream=stream)
-    kernels.wait_event(stream.record())
-    stream.synchronize()  # ``staging`` goes back to the pool only when the copy is done
+    done = stream.record()
+    kernels.wait_event(done)
+    _keep_until(done, staging)
     return out
+
+
+def _keep_until(event: Any, staging: np.ndarray) -> None:
+    """Hold ``staging`` until ``event`` (its copy) has happened: a pageable copy,
+    or a host synchronisation, would stall the kernels' stream instead."""
+    pending = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = []
+    pending[:] = [(e, s) for e, s in pending if not e.done]
+    pending.append((event, staging))
 
 
 def to_host(x: Any) -> np.ndarray:
