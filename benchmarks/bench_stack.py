@@ -287,9 +287,9 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace):
         return
     if device.is_gpu:
         cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
-                                   memory_limit=args.memory_limit,
+                                   memory_limit=args.memory_limit, protocol=args.protocol,
                                    local_directory=local_directory, dashboard_address=":0")
-        what = f"src_dask.cluster(gpus={n_workers}): LocalCUDACluster"
+        what = f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}): LocalCUDACluster"
     elif device.gpus:  # --device cpu on a GPU machine: src_dask.cluster would use the GPUs
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                memory_limit=args.memory_limit, local_directory=local_directory,
@@ -413,6 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time quimb's src on the stack (auto: where it fits in memory)")
     p.add_argument("--device-memory-limit", default="0.8",
                    help="per GPU worker before spilling to host (src_dask.cluster)")
+    p.add_argument("--protocol", choices=("tcp", "ucx"), default="tcp",
+                   help="between GPU workers (ucx: NVLink/CUDA IPC, needs distributed-ucxx)")
     p.add_argument("--memory-limit", default="auto", help="host memory per worker before "
                    "spilling to disk")
     p.add_argument("--gemm-n", type=int, default=None,

@@ -197,9 +197,12 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # with a store: C_j is read from disk, after block c's chain (if this run
             # does it) has written it
             env = envs[j][c] if store is None else envs[n - 1][c]
-            pieces.append(g.pin(g.add((name("pass2", j), "sketch", c), _piece_task, env, state,
-                                      site=j, start=start, stop=stop, run=token, store=store),
-                                c))
+            piece = g.add((name("pass2", j), "sketch", c), _piece_task, env, state, site=j,
+                          start=start, stop=stop, run=token, store=store)
+            # A CPU multiplies its block where the block lives. A GPU multiplies so fast
+            # that moving data dominates: there the scheduler takes the block C_j to Z
+            # (smaller by a factor of the physical dimensions up·down), not Z to C_j.
+            pieces.append(g.pin(piece, c) if plan.device == "cpu" else piece)
         checkpoint = partial(store.write_pass2, j) if store else None
         state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, state, cores2[j - 1],
                       up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
