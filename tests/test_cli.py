@@ -225,6 +225,14 @@ def test_store_of_another_run_needs_overwrite_store(problem, tmp_path, capsys):
     assert main([*base, "--chi-out", "5", "--out", str(tmp_path / "y5"),
                  "--overwrite-store"]) == 0
     assert max(src_dask.open(tmp_path / "y5").bond_dims) == 5
+    # --overwrite-store replaces run stores only
+    other = tmp_path / "data"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main(["run", str(a), str(x), "--chi-out", "4", "--store", str(other),
+                 "--overwrite-store", "--out", str(tmp_path / "y6")]) == 1
+    assert "is not a src_dask run store" in error_line(capsys)
+    assert (other / "keep.txt").read_text() == "mine"
 
 
 def test_run_takes_a_stack_as_its_factors(tmp_path):

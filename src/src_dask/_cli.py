@@ -398,6 +398,11 @@ def run(args: argparse.Namespace) -> int:
     _check_replaceable(out, args.overwrite)  # before any work
     if args.store is not None and os.path.abspath(args.store) == out:
         raise CLIError(f"{args.out}: --out and --store must be different paths")
+    if args.store is not None and args.overwrite_store:
+        store = os.path.abspath(args.store)
+        if os.path.isdir(store) and os.listdir(store) and _format(store) != RUN_FORMAT:
+            raise CLIError(f"{args.store}: exists and is not a src_dask run store; not "
+                           "replacing it (remove it yourself)")
     if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
         raise CLIError("--report: Dask's performance report needs a cluster; add --workers N, "
                        "--gpus N or --scheduler-file FILE")
