@@ -156,19 +156,18 @@ def _fake_notebook(monkeypatch, widgets: bool) -> list:
     """A Jupyter kernel without Jupyter: fake IPython.display (and ipywidgets)."""
     shown: list = []
 
-    class Handle:
-        def update(self, obj):
+    class DisplayHandle:
+        def display(self, obj):
             shown.append(obj)
+
+        update = display
 
     class HTML(str):
         pass
 
-    def display(obj, display_id=False):
-        shown.append(obj)
-        return Handle() if display_id else None
-
     ipython = types.ModuleType("IPython")
-    ipython.display = types.SimpleNamespace(HTML=HTML, display=display)
+    ipython.display = types.SimpleNamespace(HTML=HTML, DisplayHandle=DisplayHandle,
+                                            display=shown.append)
     monkeypatch.setitem(sys.modules, "IPython", ipython)
     monkeypatch.setitem(sys.modules, "IPython.display", ipython.display)
     monkeypatch.setattr("distributed.utils.is_kernel", lambda: True)

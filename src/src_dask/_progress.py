@@ -232,7 +232,7 @@ class NotebookDisplay:
     without ipywidgets an HTML ``<progress>`` display updated in place."""
 
     def __init__(self) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import HTML, DisplayHandle, display
 
         self.html = HTML
         self.lock = threading.Lock()
@@ -241,7 +241,8 @@ class NotebookDisplay:
             import ipywidgets
         except ImportError:
             self.bar = None
-            self.handle = display(HTML(""), display_id=True)
+            self.handle = DisplayHandle()
+            self.handle.display(HTML(""))
         else:
             self.bar = ipywidgets.IntProgress(min=0, max=1, bar_style="info")
             self.label = ipywidgets.HTML()
