@@ -1,7 +1,7 @@
 """Real-time evolution of a transverse-field Ising chain, one stack of MPOs per step.
 
     python examples/ising_evolution.py                      # L=12, 60 steps of dt=0.05
-    python examples/ising_evolution.py --sites 14 --chi-out 24 --workers 2
+    python examples/ising_evolution.py --sites 14 --h 0.5 --chi-out 32
 
 The Hamiltonian, with Pauli matrices X, Z (eigenvalues ±1) and open ends, is
 
@@ -22,7 +22,7 @@ The gates of one layer commute, so A and B are exact MPOs: each 4×4 gate is
 split by an SVD into two site cores joined by a bond of at most 4. A step is
 then *one* call ``src_dask.src(A_half, B, A_half, psi, chi_out=...)``: the
 stack of three MPOs and the state, compressed together without forming the
-product — the bond of the exact product would be 4·4·4·χ.
+product — the exact product's bond would be up to 4·1·4·χ = 16χ.
 
 Two references separate the two errors:
 

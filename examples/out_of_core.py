@@ -249,6 +249,9 @@ def _run(args: argparse.Namespace, workdir: Path, out) -> dict:
         out(f"cluster: {args.workers} workers × {args.threads} thread(s), memory limit "
             f"{args.memory_limit} each; dashboard {client.dashboard_link}\n")
 
+        status = _store_status(store)
+        if status:
+            out(f"{store} exists: {status}\n")
         t0 = time.perf_counter()
         y = src_dask.apply(a, x, client=client, **options)
         t_run = time.perf_counter() - t0
@@ -290,6 +293,25 @@ def _run(args: argparse.Namespace, workdir: Path, out) -> dict:
     res.update(t_run=t_run, t_again=t_again, same=same, complete=attrs["complete"],
                peaks=peaks, result=y, store=store)
     return res
+
+
+def _store_status(store: Path) -> str | None:
+    """What a run store left by an earlier call holds (its layout is documented and
+    readable with plain zarr), or None where there is none."""
+    import zarr
+
+    try:
+        group = zarr.open_group(store, mode="r")
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        return None
+    if group.attrs.get("complete"):
+        return "a finished run; src will return it without work"
+    progress = group["progress"]
+    blocks = progress["pass1"][...]
+    n = group.attrs["sites"]
+    done = n - 1 - progress.attrs["pass2_next"]
+    return (f"an interrupted run: pass 1 has {int(blocks.sum())} of {blocks.size} blocks of "
+            f"sketch columns written, pass 2 {done} of {n - 1} sites done; src resumes it")
 
 
 def _describe(tt: TensorTrain) -> str:
