@@ -248,9 +248,19 @@ def test_run_takes_a_stack_as_its_factors(tmp_path):
                                atol=1e-12 * np.abs(ref.to_dense()).max())
 
 
-def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys):
+def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys, monkeypatch):
     """--workers: a LocalCluster (with Dask's performance report); the result depends on
-    the seed alone."""
+    the seed alone. The workers run in this process here (processes=False), to start fast."""
+    import distributed
+
+    local_cluster = distributed.LocalCluster
+    started = []
+
+    def in_process(**kwargs):
+        started.append(kwargs)
+        return local_cluster(processes=False, **kwargs)
+
+    monkeypatch.setattr(distributed, "LocalCluster", in_process)
     a, x = problem
     common = ["run", str(a), str(x), "--chi-out", "6", "--seed", "9"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
@@ -259,8 +269,22 @@ def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys)
                  "--out", str(tmp_path / "cluster")]) == 0
     assert "dashboard: http" in capsys.readouterr().err
     assert report.stat().st_size > 0
+    assert started[0]["n_workers"] == 1 and started[0]["threads_per_worker"] == 1
     np.testing.assert_allclose(src_dask.open(tmp_path / "cluster").to_dense(),
                                src_dask.open(tmp_path / "local").to_dense(), atol=1e-12)
+
+
+def test_run_through_a_scheduler_file(problem, tmp_path, cluster_client, capsys):
+    """--scheduler-file: the way onto a cluster started elsewhere (Slurm)."""
+    a, x = problem
+    scheduler_file = tmp_path / "scheduler.json"
+    cluster_client.write_scheduler_file(str(scheduler_file))
+    assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "9",
+                 "--scheduler-file", str(scheduler_file), "--out", str(tmp_path / "y")]) == 0
+    assert "(2 workers)" in capsys.readouterr().err
+    ref = src_dask.src(src_dask.open(a), src_dask.open(x), chi_out=6, seed=9)
+    np.testing.assert_allclose(src_dask.open(tmp_path / "y").to_dense(), ref.to_dense(),
+                               rtol=0, atol=1e-12 * np.abs(ref.to_dense()).max())
 
 
 def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
