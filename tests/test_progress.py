@@ -100,6 +100,23 @@ def test_cluster_watcher_counts_every_task(cluster_client):
     assert tally.where() == "writing the result"
 
 
+def test_a_scheduler_that_cannot_watch_costs_only_the_bar(cluster_client, monkeypatch, caplog):
+    def failing(token):
+        def setup(scheduler):
+            raise RuntimeError("no watching here")
+
+        return setup, None, None
+
+    monkeypatch.setattr(_progress, "_scheduler_side", failing)
+    a, x = _problem()
+    out = io.StringIO()
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        y = src_dask.apply(a, x, 12, seed=0, client=cluster_client, progress=out)
+    assert "cannot follow the run on the scheduler (no watching here)" in caplog.text
+    assert out.getvalue().splitlines()[-1].startswith("src_dask done: 2 passes over 8 sites")
+    assert _same(y, src_dask.apply(a, x, 12, seed=0))
+
+
 def _tally(n: int = 5, oversample: int = 0) -> _progress.Tally:
     stack = make_stack(_problem(n))
     plan = _graph.Plan(sketch=8, chunk=4, chi_out=8 - oversample, cutoff=0.0,

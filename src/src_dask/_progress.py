@@ -349,8 +349,8 @@ class ClusterWatcher:
     stream from the scheduler (see the module docstring); a context manager.
 
     Entering waits (at most ``wait`` seconds) until the scheduler-side counter is
-    installed; a scheduler that refuses the stream (``distributed.scheduler.pickle``
-    off) only costs the bar, with a warning on the log.
+    installed; a scheduler that cannot run it only costs the bar, with a warning on
+    the log.
     """
 
     def __init__(self, client: Any, tally: Tally, display: Display, interval: float = 0.2,
@@ -361,7 +361,7 @@ class ClusterWatcher:
         self.future: Any = None
 
     async def _listen(self) -> None:
-        from distributed.core import CommClosedError, connect
+        from distributed.core import CommClosedError, clean_exception, connect
         from distributed.protocol.pickle import dumps
 
         setup, function, teardown = _scheduler_side(self.tally.suffix[1:])
@@ -372,9 +372,8 @@ class ClusterWatcher:
                               "teardown": dumps(teardown), "interval": self.interval})
             while True:
                 done = await comm.read()
-                if not isinstance(done, dict) or "status" in done:  # the scheduler's error
-                    raise RuntimeError(done.get("exception", done) if isinstance(done, dict)
-                                       else done)
+                if "status" in done:  # the scheduler could not run the stream
+                    raise clean_exception(**done)[1]
                 self.tally.done = Counter(done)
                 self.ready.set()
                 self.display.update(self.tally)
@@ -411,7 +410,7 @@ def watch(graph: Any, client: Any, progress: bool | TextIO = False,
     worth more than its report.
     """
     display = display_for(progress)
-    tally = Tally(graph.dask.keys(), _token(graph)) if display or report else None
+    tally = Tally(graph.dask.keys(), _token(graph)) if display else None
     with contextlib.ExitStack() as stack:
         if report is not None:
             stack.enter_context(_performance_report(client, report, summary))
