@@ -8,7 +8,7 @@ headless Chromium (Debian's ``chromium``), driven through the DevTools protocol
 runs MPO·MPS in a background thread (48 sites, MPO bond 4, MPS bond 320,
 chi_out 320, complex128; about 20-40 s on two cores) with a progress bar, and
 takes the picture ``--after`` seconds into pass 2, when the task stream holds
-the whole of pass 1 and the progress bars show the ``src_pass2_site<j>``
+the whole of pass 1 and the progress bars show the ``pass2_site<j>``
 prefixes. The PNG is reduced to a 256-colour palette with Pillow.
 Not part of the library; needs bokeh (the dashboard), chromium and Pillow.
 """

@@ -23,20 +23,20 @@ def _graph_keys(n=6, chunk=3, oversample=0):
 def test_task_prefixes_name_pass_and_site():
     prefixes = {key_split(k) for k in _graph_keys()}
     for j in range(5):
-        assert f"src_pass1_site{j}" in prefixes
+        assert f"pass1_site{j}" in prefixes
     for j in range(6):
-        assert f"src_pass2_site{j}" in prefixes
-        assert f"src_load_site{j}" in prefixes
-        assert f"src_result_site{j}" in prefixes
-    assert "src_pass1_site5" not in prefixes  # pass 1 stops at site n-2
-    assert any(p.startswith("src_round_site") for p in map(key_split, _graph_keys(oversample=4)))
+        assert f"pass2_site{j}" in prefixes
+        assert f"load_site{j}" in prefixes
+        assert f"result_site{j}" in prefixes
+    assert "pass1_site5" not in prefixes  # pass 1 stops at site n-2
+    assert any(p.startswith("round_site") for p in map(key_split, _graph_keys(oversample=4)))
 
 
 def test_graph_shape_per_site():
     keys = _graph_keys(n=6, chunk=3)  # 8 columns in blocks of 3 -> 3 blocks
-    pass1 = [k for k in keys if key_split(k).startswith("src_pass1")]
+    pass1 = [k for k in keys if key_split(k).startswith("pass1")]
     assert len(pass1) == 3 * 5  # one task per block and site
-    site3 = [k for k in keys if key_split(k) == "src_pass2_site3"]
+    site3 = [k for k in keys if key_split(k) == "pass2_site3"]
     # one sketch piece per block, one QR (fused with the update and the next projection),
     # and the output core taken from it
     assert sorted(k[1] for k in site3) == ["core", "qr", "sketch", "sketch", "sketch"]
@@ -100,14 +100,14 @@ def test_blocks_stay_on_their_worker(cluster_client):
     a, x = random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)
     with get_task_stream(client=cluster_client) as stream:
         y = src_dask.apply(a, x, 40, seed=0, client=cluster_client)
-    pass1 = [t for t in stream.data if key_split(t["key"]).startswith("src_pass1")]
+    pass1 = [t for t in stream.data if key_split(t["key"]).startswith("pass1")]
     assert len(pass1) == 2 * 7
     assert len({t["worker"] for t in pass1}) == 2
     by_block: dict[int, set] = {}
     for t in stream.data:
         key = t["key"]
-        if key_split(key).startswith("src_pass1") or (
-                key_split(key).startswith("src_pass2") and key[1] == "sketch"):
+        if key_split(key).startswith("pass1") or (
+                key_split(key).startswith("pass2") and key[1] == "sketch"):
             by_block.setdefault(key[-1], set()).add(t["worker"])
     assert sorted(by_block) == [0, 1]
     assert all(len(w) == 1 for w in by_block.values()), by_block
@@ -132,7 +132,7 @@ def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
 
         def pass1_done(dask_scheduler):
             return sum(1 for ts in dask_scheduler.tasks.values()
-                       if "src_pass1" in str(ts.key) and ts.state == "memory")
+                       if "pass1_site" in str(ts.key) and ts.state == "memory")
 
         deadline = time.time() + 60
         while client.run_on_scheduler(pass1_done) < 8 and time.time() < deadline:

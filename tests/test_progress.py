@@ -131,12 +131,12 @@ def test_tally_follows_the_sweeps():
     assert t.sites == 5 and t.passes == 3
     assert t.where() == "pass 1 of 3 (sketch), site 0 -> 4"
     for j in range(2):
-        t.done[f"src_pass1_site{j}"] = t.total[f"src_pass1_site{j}"]
+        t.done[f"pass1_site{j}"] = t.total[f"pass1_site{j}"]
     assert t.where() == "pass 1 of 3 (sketch), site 2 -> 4"
     for j in range(4):
-        t.done[f"src_pass1_site{j}"] = t.total[f"src_pass1_site{j}"]
+        t.done[f"pass1_site{j}"] = t.total[f"pass1_site{j}"]
     assert t.where() == "pass 2 of 3 (projection/QR), site 4 -> 0"
-    t.done["src_pass2_site4"] = t.total["src_pass2_site4"]
+    t.done["pass2_site4"] = t.total["pass2_site4"]
     assert t.where() == "pass 2 of 3 (projection/QR), site 3 -> 0"
     t.done.update({p: n for p, n in t.total.items() if "pass2" in p})
     assert t.where() == "pass 3 of 3 (rounding), site 0 -> 4"

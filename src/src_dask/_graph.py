@@ -1,21 +1,22 @@
 """The SRC sweep as one Dask task graph.
 
-Keys are named ``src_<step>_site<j>-<token>``, so Dask's dashboard groups the
-tasks by step and site and shows where a run is:
+Keys are named ``<step>_site<j>-<token>``, so Dask's dashboard groups the
+tasks by step and site and shows where a run is (the prefixes stay within the
+15 characters its progress panel prints whole, up to site 9999):
 
-``src_load_site<j>``
+``load_site<j>``
     read, pad and cast the input cores of site ``j`` (one task per factor;
     lazy inputs once per pass);
-``src_pass1_site<j>``
+``pass1_site<j>``
     the sketch chain ``C_j → C_{j+1}``, one task per block of sketch columns —
     the blocks never talk to each other, so pass 1 is embarrassingly parallel;
-``src_pass2_site<j>``
+``pass2_site<j>``
     a piece of the sketch per column block (runs where that block's ``C_j``
     lives), then one task for the QR, the update of ``S`` and the projected
     core ``Z`` of the next site;
-``src_round_site<j>``
+``round_site<j>``
     the exact rounding sweep of oversampled runs;
-``src_result_site<j>``
+``result_site<j>``
     the output core in quimb's layout.
 """
 
@@ -143,7 +144,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     g = _Graph(workers or [], plan.device)
 
     def name(step: str, j: int) -> str:
-        return f"src_{step}_site{j}-{token}"
+        return f"{step}_site{j}-{token}"
 
     loaded: dict[tuple[int, int], Any] = {}
 

@@ -13,7 +13,7 @@ it sends the scheduler no graph of its own (a run stays one ``update_graph``):
   sent, so no task is missed; the stream's functions are pickled by value, so
   the scheduler needs dask and distributed but not ``src_dask``.
 
-Tasks are counted by prefix (``src_pass1_site7``, see :mod:`._graph`), which
+Tasks are counted by prefix (``pass1_site7``, see :mod:`._graph`), which
 is how the bar knows the pass and the site: pass 1 (the sketch) sweeps left
 to right, pass 2 (projection and QR) right to left, and an oversampled run
 rounds left to right in a third pass. The bar is text on a stream (stderr by
@@ -48,7 +48,7 @@ log = logging.getLogger("src_dask")
 
 #: The sweeps in the order they run: name, label, direction over the sites.
 _PASSES = (("pass1", "sketch", 1), ("pass2", "projection/QR", -1), ("round", "rounding", 1))
-_PREFIX = re.compile(r"src_(load|pass1|pass2|round|result)_site(\d+)")
+_PREFIX = re.compile(r"(load|pass1|pass2|round|result)_site(\d+)")
 
 
 # -- option checks ---------------------------------------------------------------
