@@ -91,9 +91,9 @@ def site(cores, sketch: int, block: int, rate: float) -> dict:
     out["project"] = {"s": timed(lambda: K.project_core(cores, right_env)), "flop": f,
                       "floor_s": f / rate}
     c_env = rand(sketch, *lefts)
-    piece = K.sketch_piece(c_env, (None, z))
+    piece = K.sketch_piece(c_env, z)
     f = 8 * prod(piece.shape) * prod(lefts)
-    out["piece"] = {"s": timed(lambda: K.sketch_piece(c_env, (None, z))), "flop": f,
+    out["piece"] = {"s": timed(lambda: K.sketch_piece(c_env, z)), "flop": f,
                     "floor_s": f / rate}
     rows = piece[:sketch]
 
@@ -108,9 +108,9 @@ def site(cores, sketch: int, block: int, rate: float) -> dict:
     out["qr_max_diff"] = float(abs(q - hq.T).max()) if q is not None else None
     eta = q.reshape(q.shape[0], -1, up, down)
     f = 8 * eta.size * prod(lefts)
-    out["update"] = {"s": timed(lambda: K.update_env(eta, z)), "flop": f, "floor_s": f / rate}
+    out["update"] = {"s": timed(lambda: K.update_env(eta, [z])), "flop": f, "floor_s": f / rate}
     out["pass2_step_wall"] = wall(lambda: K.pass2_step(
-        [piece], (None, z), cores, up=up, down=down, cutoff=0.0, max_rank=sketch, site=1))
+        [[piece]], [z], cores, up=up, down=down, cutoff=0.0, max_rank=sketch, site=1))
     steps = ("pass1", "project", "piece", "update")
     out["kernels_s"] = sum(out[s]["s"] for s in steps) + out["qr_cholesky2"]["s"]
     out["floor_s"] = sum(out[s]["floor_s"] for s in steps)

@@ -58,6 +58,16 @@ def test_gpu_equals_cpu(stack, dtype, oversample):
     _same(_on("gpu", *trains, **opts), _on("cpu", *trains, **opts))
 
 
+def test_projected_cores_in_row_blocks_on_the_gpu(monkeypatch):
+    from src_dask import _graph
+
+    trains = STACKS["mpo.mpo.mps"](np.complex128)
+    opts = dict(chi_out=24, seed=3, chunk=10)
+    ref = _on("cpu", *trains, **opts)
+    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 200)
+    _same(_on("gpu", *trains, **opts), ref)
+
+
 def test_cupy_inputs_run_on_the_gpu():
     import cupy
 
@@ -85,7 +95,7 @@ def test_cholesky_qr2_on_the_gpu_and_its_fallback():
     deficient = cupy.asarray(np.repeat(a[:10], 3, axis=0))  # 30 rows of rank 10
     assert K._cholesky_qr2(deficient) is None
     # a rank-deficient sketch still gives orthonormal rows, through Householder
-    eta = K.orthonormalize([deficient], 900, 1, 0.0, 30, site=1).reshape(30, -1)
+    eta = K.orthonormalize([[deficient]], 900, 1, 0.0, 30, site=1).reshape(30, -1)
     assert abs(eta.conj() @ eta.T - cupy.eye(30)).max() < 1e-12
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import dense_product, random_mpo, random_mps, rel_err
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -38,8 +39,30 @@ def test_graph_shape_per_site():
     assert len(pass1) == 3 * 5  # one task per block and site
     site3 = [k for k in keys if key_split(k) == "pass2_site3"]
     # one sketch piece per block, one QR (fused with the update and the next projection),
-    # and the output core taken from it
-    assert sorted(k[1] for k in site3) == ["core", "qr", "sketch", "sketch", "sketch"]
+    # the output core and the next site's projected core taken from it
+    assert sorted(k[1] for k in site3) == ["core", "project", "qr", "sketch", "sketch", "sketch"]
+
+
+@pytest.mark.parametrize("options", [{}, {"cutoff": 0.3}, {"oversample": 3}])
+def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options):
+    """A large projected core Z is made, sketched and used in row blocks (one
+    task each); the result is the same train, core by core. With a cutoff the
+    bond can come out smaller than the blocks planned for it (empty blocks)."""
+    trains = (random_mpo(7, 3, phys=3, seed=1), random_mpo(7, 2, phys=3, seed=2),
+              random_mps(7, 6, phys=3, seed=3))
+    opts = dict(chi_out=10, seed=4, chunk=4, **options)
+    ref = src_dask.src(*trains, **opts)
+    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 50)
+    stack = make_stack(trains)
+    plan = _graph.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0, round=False)
+    assert max(_graph._z_blocks(stack, plan, j) for j in range(7)) == 10  # one row each
+    keys = list(dict(_graph.build(stack, plan).dask))
+    assert len([k for k in keys if k[1:2] == ("project",)]) > 7
+    y = src_dask.src(*trains, **opts)
+    for c, c0 in zip(y, ref, strict=True):
+        assert c.shape == c0.shape
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+    assert rel_err(y, dense_product(*trains)) == pytest.approx(rel_err(ref, dense_product(*trains)))
 
 
 class _CountGraphs(SchedulerPlugin):

@@ -207,8 +207,9 @@ _KILLED_RUN = textwrap.dedent("""
     import dask
     import src_dask
     dask.config.set(scheduler="synchronous")  # one task at a time: a known order
-    from src_dask import _kernels as K
+    from src_dask import _graph, _kernels as K
     step, site, nth, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    _graph.Z_BLOCK_BYTES = int(sys.argv[5])
     original = getattr(K, step)
     seen = []
     def killer(*args, **kwargs):
@@ -223,17 +224,22 @@ _KILLED_RUN = textwrap.dedent("""
 """)
 
 
-def _killed_run(tmp_path, step: str, site: int, nth: int = 1) -> None:
+def _killed_run(tmp_path, step: str, site: int, nth: int = 1,
+                z_block_bytes: int = _graph.Z_BLOCK_BYTES) -> None:
     res = subprocess.run([sys.executable, "-c", _KILLED_RUN, step, str(site), str(nth),
-                          str(tmp_path)], capture_output=True, text=True, check=False)
+                          str(tmp_path), str(z_block_bytes)], capture_output=True, text=True,
+                         check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr
     run = zarr.open_group(tmp_path / "run", mode="r")
     assert run.attrs["complete"] is False  # an interrupted run never looks finished
 
 
-def test_resume_after_kill_in_pass2(saved, tmp_path, counts):
+@pytest.mark.parametrize("z_block_bytes", [_graph.Z_BLOCK_BYTES, 16 * 30])
+def test_resume_after_kill_in_pass2(saved, tmp_path, counts, monkeypatch, z_block_bytes):
+    """Resumes from the checkpoint, with Z whole or in row blocks."""
+    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", z_block_bytes)
     a, x, a2, x2 = saved
-    _killed_run(tmp_path, "pass2_step", site=4)
+    _killed_run(tmp_path, "pass2_step", site=4, z_block_bytes=z_block_bytes)
     assert zarr.open_group(tmp_path / "run/progress", mode="r").attrs["pass2_next"] == 4
     y = src_dask.apply(a2, x2, 10, seed=5, chunk=4, oversample=2, store=tmp_path / "run")
     assert counts["sketch_step"] == 0  # pass 1 is not redone

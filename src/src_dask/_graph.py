@@ -11,9 +11,11 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     the sketch chain ``C_j → C_{j+1}``, one task per block of sketch columns —
     the blocks never talk to each other, so pass 1 is embarrassingly parallel;
 ``pass2_site<j>``
-    a piece of the sketch per column block (runs where that block's ``C_j``
-    lives), then one task for the QR, the update of ``S`` and the projected
-    core ``Z`` of the next site;
+    a piece of the sketch per column block of ``C_j`` (and row block of ``Z_j``),
+    then one task for the QR, the update of ``S`` and the projected core ``Z``
+    of the next site. A projected core over ``Plan.z_block_bytes`` (the stack's
+    physical legs multiply its size) is instead made by one task per block of
+    its rows, so that it is computed, kept and spilled in pieces;
 ``round_site<j>``
     the exact rounding sweep of oversampled runs;
 ``result_site<j>``
@@ -22,9 +24,10 @@ tasks by step and site and shows where a run is (the prefixes stay within the
 
 from __future__ import annotations
 
+import math
 import operator
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -36,6 +39,9 @@ from . import _kernels as K
 from . import _oom, _random, _transfer
 from ._runstore import Progress, RunStore
 from ._stack import Stack
+
+#: Largest projected core ``Z`` made in one piece (bytes).
+Z_BLOCK_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class Plan:
     round: bool  # exact rounding to chi_out after an oversampled sketch
     device: str = "cpu"  # "cpu" (NumPy blocks) or "gpu" (CuPy blocks)
     to_host: bool = True  # results as NumPy arrays (else they stay on the run's device)
+    # projected cores larger than this go in row blocks
+    z_block_bytes: int = field(default_factory=lambda: Z_BLOCK_BYTES)
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -178,38 +186,52 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                         last=j == n - 2, seed_key=plan.key, legs=(stack.up(j), stack.down(j)))
             envs[j + 1][c] = g.pin(env, c)
 
-    # Pass 2: right to left. The state after site j is (η_j, Z_{j-1}).
+    # Pass 2: right to left. Site j turns S_j into Z_j (in row blocks when it is large),
+    # sketches it against C_j, and the QR step makes η_j and S_{j-1}.
     out: list[Any] = [None] * n
     first = progress.pass2_next if progress else n - 1
     cores2 = {j: load(j, 2) for j in range(first + 1)}
-    if first == n - 1:
-        state = g.add((name("pass2", n - 1), "project"),
-                      _oom.naming_the_site(K.start_pass2, site=n - 1, step="pass 2"),
-                      cores2[n - 1])
-    else:
-        state = g.add((name("pass2", first), "resume"), _resume_pass2, cores2[first],
-                      store=store, site=first)
+    env = None  # S = 1 right of the last site
+    if first < n - 1:
+        env = g.add((name("pass2", first), "resume"), _stored, store=store,
+                    what="right_env", site=first, device=plan.device)
     for j in range(n - 1, first, -1):
-        out[j] = g.add((name("pass2", j), "core"), _stored_eta, store=store, site=j,
+        out[j] = g.add((name("pass2", j), "core"), _stored, store=store, what="eta", site=j,
                        device=plan.device)
-    for j in range(first, 0, -1):
+    zs = None  # Z_j's row blocks, when the step of site j+1 projected it whole
+    for j in range(first, -1, -1):
+        if zs is None:
+            m = _z_blocks(stack, plan, j)
+            zs = [g.add((name("pass2", j), "project", b),
+                        _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
+                        cores2[j], env, rows=(b, m)) for b in range(m)]
+        if j == 0:
+            break
         pieces = []
         for c, (start, stop) in enumerate(blocks):
             # with a store: C_j is read from disk, after block c's chain (if this run
             # does it) has written it
-            env = envs[j][c] if store is None else envs[n - 1][c]
-            piece = g.add((name("pass2", j), "sketch", c), _piece_task, env, state, site=j,
-                          start=start, stop=stop, run=token, store=store)
+            block_env = envs[j][c] if store is None else envs[n - 1][c]
+            row = [g.add((name("pass2", j), "sketch", b, c), _piece_task, block_env, z, site=j,
+                         start=start, stop=stop, run=token, store=store)
+                   for b, z in enumerate(zs)]
             # A CPU multiplies its block where the block lives. A GPU multiplies so fast
             # that moving data dominates: there the scheduler takes the block C_j to Z
             # (smaller by a factor of the physical dimensions up·down), not Z to C_j.
-            pieces.append(g.pin(piece, c) if plan.device == "cpu" else piece)
+            pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else row)
+        whole = _z_blocks(stack, plan, j - 1) == 1
         checkpoint = partial(store.write_pass2, j) if store else None
-        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, state, cores2[j - 1],
-                      up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
-                      max_rank=stack.max_rank(j), site=j, checkpoint=checkpoint)
+        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, zs,
+                      cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
+                      cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
+                      checkpoint=checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
-    out[0] = g.add((name("pass2", 0), "core"), K.first_core, state)
+        if whole:
+            zs = [g.add((name("pass2", j - 1), "project", 0), operator.getitem, state, 2)]
+        else:
+            zs = None
+            env = g.add((name("pass2", j), "env"), operator.getitem, state, 1)
+    out[0] = g.add((name("pass2", 0), "core"), K.first_core, zs)
 
     if plan.round:
         carry = None
@@ -250,15 +272,17 @@ def _pass1_task(env: Any, cores: list[Any], *, site: int, start: int, stop: int,
     return out
 
 
-def _piece_task(env: Any, state: tuple[Any, Any], *, site: int, start: int, stop: int, run: str,
+def _piece_task(env: Any, z: Any, *, site: int, start: int, stop: int, run: str,
                 store: RunStore | None) -> Any:
     """A block of pass 2's sketch, in halves if it does not fit in memory."""
-    xp = K.xp_of(state[1])
+    if z is None:
+        return None
+    xp = K.xp_of(z)
     if store is not None:
         env = xp.asarray(store.read_env(site, start, stop))
-    return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], state), stop - start, xp=xp,
+    return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], z), stop - start, xp=xp,
                         run=run, step="pass 2", site=site,
-                        bytes_per_column=K.sketch_piece_bytes(env, state))
+                        bytes_per_column=K.sketch_piece_bytes(env, z))
 
 
 def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
@@ -266,15 +290,20 @@ def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
                                                                         **kwargs)
 
 
-def _stored_eta(*, store: RunStore, site: int, device: str) -> Any:
-    """η of a site an earlier run finished, on this run's device."""
-    return K.on_device(store.read_eta(site), device)
+def _stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
+    """η or the right environment of a site an earlier run finished, on this run's device."""
+    read = store.read_eta if what == "eta" else store.read_right_env
+    return K.on_device(read(site), device)
 
 
-def _resume_pass2(cores: list[Any], *, store: RunStore, site: int) -> tuple[None, Any]:
-    """The pass-2 state at ``site`` from the right environment a stopped run saved."""
-    env = store.read_right_env(site)
-    return None, K.project_core(cores, K.xp_of(cores[0]).asarray(env))
+def _z_blocks(stack: Stack, plan: Plan, site: int) -> int:
+    """Row blocks of the projected core ``Z`` at ``site``: enough to keep each within
+    ``plan.z_block_bytes``. (Its rows, the bond right of the site, may come out
+    fewer than this bound with a cutoff; blocks then come out smaller or empty.)"""
+    rows = 1 if site == stack.n - 1 else min(plan.sketch, stack.max_rank(site + 1))
+    nbytes = (math.prod(stack.left_bonds(site)) * rows * stack.up(site) * stack.down(site)
+              * stack.dtype.itemsize)
+    return max(1, min(rows, math.ceil(nbytes / plan.z_block_bytes)))
 
 
 def _finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,

@@ -192,23 +192,37 @@ def sketch_step_bytes(cores: list[Any]) -> int:
     return (env_in + env_out + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
 
 
-def sketch_piece_bytes(env: Any, state: tuple[Any, Any]) -> int:
+def sketch_piece_bytes(env: Any, z: Any) -> int:
     """Memory one sketch column of :func:`sketch_piece` needs (its row of C and of Mᵀ)."""
-    z = state[1]
     k = env.ndim - 1
     return (prod(env.shape[1:]) + prod(z.shape[k:])) * np.dtype(z.dtype).itemsize
 
 
 # -- pass 2: projection, orthonormalisation, environment update ----------------
-def project_core(cores: list[Any], env: Any | None) -> Any:
-    """``Z[a.., r, x_0, x_k] = Σ Π T_i[j] · S[r, b..]``; ``env`` None means ``S = 1``."""
+def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None = None) -> Any:
+    """``Z[a.., r, x_0, x_k] = Σ Π T_i[j] · S[r, b..]``; ``env`` None means ``S = 1``.
+
+    ``rows=(b, m)`` projects only block ``b`` of ``m`` of the rows ``r`` of ``S``
+    (None when that block is empty): a large projected core is made, kept and
+    spilled in blocks, and its sketch and environment update are sums over them.
+    """
     k = len(cores)
     a, b, x = _symbols(k)
     xp = xp_of(cores[0])
     if env is None:
         env = xp.ones((1,) * (k + 1), dtype=cores[0].dtype)
+    if rows is not None:
+        lo, hi = block_rows(env.shape[0], *rows)
+        if lo == hi:
+            return None
+        env = env[lo:hi]
     eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
     return contract(eq, *cores, env)
+
+
+def block_rows(rows: int, block: int, blocks: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of block ``block`` when ``rows`` rows are cut in ``blocks``."""
+    return block * rows // blocks, (block + 1) * rows // blocks
 
 
 def _as_matrix(z: Any, k: int) -> Any:
@@ -217,41 +231,40 @@ def _as_matrix(z: Any, k: int) -> Any:
     return z.reshape(rows, -1)
 
 
-def start_pass2(cores: list[Any]) -> tuple[None, Any]:
-    """The state pass 2 starts from at the last site: no core yet, ``Z`` with ``S = 1``."""
-    return None, project_core(cores, None)
-
-
-def sketch_piece(env: Any, state: tuple[Any, Any]) -> Any:
-    """A block of the sketch, transposed: ``Mᵀ = C · Z`` of shape (s_c, R·U·D).
-
-    ``state`` is the pass-2 state ``(η of the site to the right, Z of this site)``.
-    """
+def sketch_piece(env: Any, z: Any | None) -> Any | None:
+    """A block of the sketch, transposed: ``Mᵀ = C · Z`` of shape (s_c, R_b·U·D) for a
+    block of columns of ``C`` and a block of rows of ``Z`` (None: an empty block)."""
+    if z is None:
+        return None
     k = env.ndim - 1
-    return env.reshape(env.shape[0], -1) @ _as_matrix(state[1], k)
+    return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
 
 
-def pass2_step(pieces: list[Any], state: tuple[Any, Any], cores_left: list[Any], *, up: int,
-               down: int, cutoff: float, max_rank: int, site: int,
-               checkpoint: Callable[[Any, Any], None] | None = None) -> tuple[Any, Any]:
-    """One site of pass 2: ``η_j`` from the sketch, then ``S_{j-1}`` and ``Z_{j-1}``.
+def pass2_step(pieces: list[list[Any]], zs: list[Any], cores_left: list[Any] | None, *,
+               up: int, down: int, cutoff: float, max_rank: int, site: int,
+               checkpoint: Callable[[Any, Any], None] | None = None) -> tuple[Any, Any, Any]:
+    """One site of pass 2: ``(η_j, S_{j-1}, Z_{j-1})``.
 
-    Fusing the QR, the environment update and the next projection into one
-    task leaves two dependent tasks per site on the critical path (this one
-    and the sketch pieces), which is what bounds small problems on a cluster.
+    ``pieces[c][b]`` is the sketch of column block ``c`` and row block ``b`` of
+    ``Z_j`` (``zs[b]``). ``cores_left`` given: ``Z_{j-1}`` is projected here
+    whole; None: it is left to one task per row block (a large core), and the
+    third item is None. Fusing the QR, the environment update and a whole
+    projection into one task leaves two dependent tasks per site on the
+    critical path, which is what bounds small problems.
     ``checkpoint(η_j, S_{j-1})`` saves the state a restarted run resumes from.
     """
-    z = state[1]
     eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
-    env = update_env(eta, z)
+    env = update_env(eta, zs)
     if checkpoint is not None:
         checkpoint(eta, env)
-    return eta, project_core(cores_left, env)
+    z = None if cores_left is None else project_core(cores_left, env)
+    return eta, env, z
 
 
-def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_rank: int,
+def orthonormalize(pieces: list[list[Any]], up: int, down: int, cutoff: float, max_rank: int,
                    site: int) -> Any:
-    """``η[q, r, x_0, x_k]``: an orthonormal basis of the sketch's range, as rows.
+    """``η[q, r, x_0, x_k]``: an orthonormal basis of the sketch's range, as rows
+    (``pieces[c][b]``: column block ``c``, row block ``b`` of ``Z``).
 
     ``max_rank`` bounds the rank of the exact product at this cut (the product
     of the input bonds, or of the physical dimensions to the left). The range
@@ -267,8 +280,8 @@ def orthonormalize(pieces: list[Any], up: int, down: int, cutoff: float, max_ran
     and near-degenerate rotations change with rounding). Cores then agree to
     rounding across chunkings and cluster shapes, not just the product.
     """
-    xp = xp_of(pieces[0])
-    mt = xp.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
+    mt = _join(pieces)
+    xp = xp_of(mt)
     if cutoff == 0 and xp is not np:
         rows = _cholesky_qr2(mt[:max_rank])
         if rows is not None:
@@ -352,17 +365,36 @@ def _canonical_basis(basis: Any, m: Any) -> Any:
     return _positive_diagonal(q, r)
 
 
-def update_env(eta: Any, z: Any) -> Any:
-    """``S'[l, a..] = Σ conj(η)[l, r, x_0, x_k] Z[a.., r, x_0, x_k]``."""
-    k = z.ndim - 3
+def _join(pieces: list[list[Any]]) -> Any:
+    """The sketch ``Mᵀ`` from its pieces: blocks of sketch columns down, blocks of
+    rows of ``Z`` across (None: empty)."""
+    rows = [[p for p in row if p is not None] for row in pieces]
+    xp = xp_of(rows[0][0])
+    rows = [xp.concatenate(r, axis=1) if len(r) > 1 else r[0] for r in rows]
+    return xp.concatenate(rows, axis=0) if len(rows) > 1 else rows[0]
+
+
+def update_env(eta: Any, zs: list[Any]) -> Any:
+    """``S'[l, a..] = Σ conj(η)[l, r, x_0, x_k] Z[a.., r, x_0, x_k]``, summed over the
+    row blocks ``zs`` of ``Z`` (None: empty)."""
+    zs = [z for z in zs if z is not None]
+    k = zs[0].ndim - 3
     q = eta.shape[0]
-    s = eta.reshape(q, -1).conj() @ _as_matrix(z, k).T
-    return s.reshape((q,) + tuple(z.shape[:k]))
+    flat = eta.reshape(q, eta.shape[1], -1)
+    env, lo = None, 0
+    for z in zs:
+        hi = lo + z.shape[k]
+        part = flat[:, lo:hi].reshape(q, -1).conj() @ _as_matrix(z, k).T
+        env = part if env is None else env + part
+        lo = hi
+    return env.reshape((q,) + tuple(zs[0].shape[:k]))
 
 
-def first_core(state: tuple[Any, Any]) -> Any:
-    """The output's site 0, ``y_0[1, r, x_0, x_k]``: the projected core of site 0."""
-    z = state[1]
+def first_core(zs: list[Any]) -> Any:
+    """The output's site 0, ``y_0[1, r, x_0, x_k]``: the projected core of site 0
+    (its row blocks joined)."""
+    zs = [z for z in zs if z is not None]
+    z = xp_of(zs[0]).concatenate(zs, axis=-3) if len(zs) > 1 else zs[0]
     return z.reshape((1,) + tuple(z.shape[-3:]))
 
 
