@@ -166,3 +166,48 @@ def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
         assert victim not in client.scheduler_info()["workers"]
     for c, c0 in zip(result["y"], ref, strict=True):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_inputs_are_loaded_two_sites_ahead_not_all_at_once():
+    """Loading tasks have no inputs, so idle threads would run them all at the start
+    and hold every core in (device) memory; each waits for the step two sites back."""
+    from dask.core import get_dependencies
+
+    dsk = dict(_graph.build(make_stack((random_mpo(8, 3, seed=1), random_mps(8, 4, seed=2))),
+                            _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
+                                        round=False)).dask)
+
+    def step_of(key: tuple) -> tuple[str, object]:
+        return key_split(key), key[1]
+
+    for key in dsk:
+        if isinstance(key, tuple) and key_split(key).startswith("load_site"):
+            site = int(key_split(key).removeprefix("load_site"))
+            deps = {step_of(d) for d in get_dependencies(dsk, key) if isinstance(d, tuple)
+                    and "_site" in key_split(d)}
+            if 2 <= site < 7:  # prepared once for both passes (in-memory inputs)
+                assert deps == {(f"pass1_site{site - 2}", 0)}, (key, deps)
+            else:  # pass 1 starts with sites 0 and 1; site 7 is pass 2's first
+                assert deps == set()
+
+
+def test_zarr_inputs_are_read_two_sites_ahead_in_each_pass(tmp_path):
+    from dask.core import get_dependencies
+
+    src_dask.save(random_mpo(8, 3, seed=1), tmp_path / "a")
+    src_dask.save(random_mps(8, 4, seed=2), tmp_path / "x")
+    stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
+    dsk = dict(_graph.build(stack, _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
+                                                round=False)).dask)
+    for key in dsk:
+        if isinstance(key, tuple) and key_split(key).startswith("load_site"):
+            site, sweep = int(key_split(key).removeprefix("load_site")), key[1]
+            reads = [d for d in get_dependencies(dsk, key) if key_split(d) == "src_read"]
+            gates = {(key_split(d), d[1]) for d in get_dependencies(dsk, reads[0])
+                     if isinstance(d, tuple) and "_site" in key_split(d)}
+            if sweep == 1 and site >= 2:
+                assert gates == {(f"pass1_site{site - 2}", 0)}
+            elif sweep == 2 and site + 2 < 8:
+                assert gates == {(f"pass2_site{site + 2}", "core")}
+            else:
+                assert gates == set()

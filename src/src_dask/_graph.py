@@ -68,11 +68,16 @@ def _is_zarr(x: Any) -> bool:
     return type(x).__module__.startswith("zarr")
 
 
-def _read_whole(x: Any) -> Any:
+def _read_whole(x: Any, after: Any = None) -> Any:
     """A whole Zarr array, in host memory (a GPU run moves it in ``prepare_core``,
     through pinned memory on a copy stream: faster than zarr's GPU buffers,
-    which copy pageable memory on the kernels' stream)."""
+    which copy pageable memory on the kernels' stream). ``after``: see ``_Graph.array``."""
     return x[...]
+
+
+def _prepare(raw: Any, after: Any = None, **options: Any) -> Any:
+    """:func:`_kernels.prepare_core`; ``after``: see ``_Graph.array``."""
+    return K.prepare_core(raw, **options)
 
 
 def _lazy(core: Any) -> Any:
@@ -109,15 +114,17 @@ class _Graph:
             self.placement[key] = self.workers[block % len(self.workers)]
         return key
 
-    def array(self, x: Any) -> Any:
+    def array(self, x: Any, after: Any = None) -> Any:
         """A key holding array ``x`` whole; lazy arrays are read only when it runs.
 
         A Zarr array gets a new read task at every call: each pass reads its
         cores anew instead of keeping them in memory from pass 1 to pass 2.
+        ``after`` (a key) holds the read back until that task has run: reads have
+        no inputs, so idle threads would otherwise read every core at the start.
         """
         if _is_zarr(x):
             key = ("src_read-" + uuid.uuid4().hex,)
-            self.tasks[key] = (_read_whole, x)
+            self.tasks[key] = (_read_whole, x, after)
             return key
         x = _lazy(x)
         if K.is_in_memory(x):
@@ -156,17 +163,18 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
 
     loaded: dict[tuple[int, int], Any] = {}
 
-    def load(j: int, sweep: int) -> list[Any]:
-        """Site j's cores for one pass. Lazy inputs are read anew for each pass, so
-        no core waits in memory from pass 1 to pass 2; in-memory ones (already in
-        memory) are prepared once for both passes."""
+    def load(j: int, sweep: int, after: Any = None) -> list[Any]:
+        """Site j's cores for one pass, read and moved once ``after`` has run (two sites
+        ahead of their use: memory holds a few sites' inputs, not all of them). Lazy
+        inputs are read anew for each pass, so no core waits in memory from pass 1 to
+        pass 2; in-memory ones are prepared once for both passes."""
         keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
             shared = K.is_in_memory(raw)
             if not (shared and (j, i) in loaded):
-                loaded[(j, i)] = g.add((name("load", j), 0 if shared else sweep, i),
-                                       K.prepare_core, g.array(f.train.source(j)),
+                loaded[(j, i)] = g.add((name("load", j), 0 if shared else sweep, i), _prepare,
+                                       g.array(f.train.source(j), after), after,
                                        kind=f.train.kind, site=j, n=n, transpose=f.transpose,
                                        dtype=stack.dtype, check=not shared,
                                        name=f.train.name, device=plan.device)
@@ -175,7 +183,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
     todo = [c for c in range(len(blocks)) if not (progress and progress.pass1_done[c])]
-    cores1 = [load(j, 1) for j in range(n - 1)] if todo else []
+    cores1 = [load(j, 1, (name("pass1", j - 2), todo[0]) if j >= 2 else None)
+              for j in range(n - 1)] if todo else []
     envs: list[list[Any]] = [[None] * len(blocks) for _ in range(n)]
     for c in todo:
         start, stop = blocks[c]
@@ -190,7 +199,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     # sketches it against C_j, and the QR step makes η_j and S_{j-1}.
     out: list[Any] = [None] * n
     first = progress.pass2_next if progress else n - 1
-    cores2 = {j: load(j, 2) for j in range(first + 1)}
+    cores2 = {j: load(j, 2, (name("pass2", j + 2), "core") if j + 2 < n else None)
+              for j in range(first + 1)}
     env = None  # S = 1 right of the last site
     if first < n - 1:
         env = g.add((name("pass2", first), "resume"), _stored, store=store,
