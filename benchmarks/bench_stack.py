@@ -71,6 +71,7 @@ from _common import (
 )
 
 import src_dask
+from src_dask.problems import stack_mpo
 
 #: The stack's factors, leftmost first: name and bond (None: D_M).
 FACTORS = (("N", 4), ("V", 4), ("M", None), ("U", 4))
@@ -104,28 +105,6 @@ def input_bytes(sp: dict[str, Any]) -> int:
     return sum(int(np.prod(t)) * 16 for site in site_shapes(sp) for t in site)
 
 
-def lazy_mpo(n: int, bond: int, phys: int, seed: int) -> src_dask.TensorTrain:
-    """A random MPO of Dask arrays: ``(N(0,1) + i N(0,1)) / sqrt(bond * phys)`` per entry.
-
-    Drawn in chunks of at most 32 MiB, so that all threads draw a site's core
-    (``src_dask.save`` joins them into its own chunks, of up to 256 MiB).
-    """
-    import dask.array as da
-
-    from src_dask.storage import chunks_for
-
-    rng = da.random.default_rng(seed)
-    scale = 1 / np.sqrt(bond * phys)
-    cores = []
-    for j in range(n):
-        shape = core_shape(j, n, bond, phys)
-        chunks = chunks_for(shape, 16, max_bytes=32 * 2**20)
-        re = rng.standard_normal(shape, chunks=chunks)
-        im = rng.standard_normal(shape, chunks=chunks)
-        cores.append((re + 1j * im) * scale)
-    return src_dask.TensorTrain(cores, "mpo")
-
-
 def free_bytes(path: Path) -> int:
     """Free bytes on the file system that holds ``path`` (or would hold it)."""
     while not path.exists():
@@ -150,7 +129,7 @@ def generate_inputs(sp: dict[str, Any], workdir: Path, regenerate: bool) -> dict
                          f"{free / 1e9:.1f} GB are free (use --workdir elsewhere)")
     t0 = time.perf_counter()
     for i, (name, bond) in enumerate(sp["bonds"].items()):
-        train = lazy_mpo(sp["sites"], bond, sp["phys"], seed=sp["seed"] + i)
+        train = stack_mpo(sp["sites"], bond, sp["phys"], seed=sp["seed"] + i)
         src_dask.save(train, inputs / name, overwrite=True)
     seconds = time.perf_counter() - t0
     marker.write_text(json.dumps(sp))
