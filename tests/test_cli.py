@@ -300,6 +300,31 @@ def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
     assert "--report: Dask's performance report needs a cluster" in error_line(capsys)
 
 
+def test_verbose_log_handler_is_removed_after_each_run(problem, tmp_path, capsys):
+    """-v shows the log for that run only: main called in-process again and again leaves
+    no handler behind (on a stream that may since be closed) and restores the level."""
+    import logging
+
+    logger = logging.getLogger("src_dask")
+    handlers, level = list(logger.handlers), logger.level
+    a, x = problem
+    for i in range(2):
+        assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "9", "-v",
+                     "--out", str(tmp_path / f"y{i}")]) == 0
+        assert capsys.readouterr().err.count("src-dask: src: done in") == 1  # once, not i + 1
+        assert logger.handlers == handlers and logger.level == level
+    # a run that fails inside src (mismatched legs) cleans up too
+    b = tmp_path / "B.zarr"
+    assert main(["generate", "mpo", str(b), *SMALL, "--phys", "3"]) == 0
+    assert main(["run", str(b), str(x), "--chi-out", "6", "-v", "--out",
+                 str(tmp_path / "z")]) == 1
+    assert "they must match" in capsys.readouterr().err
+    assert logger.handlers == handlers and logger.level == level
+    assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "9",
+                 "--out", str(tmp_path / "y2")]) == 0
+    assert "src-dask: src:" not in capsys.readouterr().err  # without -v: silent
+
+
 # -- errors and exit codes ------------------------------------------------------------------
 def test_bad_input_is_one_line_and_exit_1(problem, tmp_path, capsys):
     a, x = problem

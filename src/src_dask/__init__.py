@@ -4,16 +4,18 @@ compression (SRC), run as a Dask task graph.
 >>> import src_dask
 >>> y = src_dask.apply(mpo, mps, chi_out=64)           # doctest: +SKIP
 >>> y = src_dask.src(A, B, C, psi, chi_out=128, oversample="auto")  # doctest: +SKIP
+>>> H = src_dask.problems.heisenberg(50)              # reference problems  # doctest: +SKIP
 """
 
 import logging
 
+from . import problems
 from ._api import apply, compress, src
 from ._cluster import cluster
 from .storage import open, save
 from .trains import TensorTrain
 
-__all__ = ["TensorTrain", "apply", "cluster", "compress", "open", "save", "src"]
+__all__ = ["TensorTrain", "apply", "cluster", "compress", "open", "problems", "save", "src"]
 __version__ = "0.1.0"
 
 logging.getLogger("src_dask").addHandler(logging.NullHandler())

@@ -374,15 +374,28 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
     yield None
 
 
-def _log_to_stderr() -> None:
-    """Show the ``src_dask`` logger's INFO messages (what a run does) on stderr."""
+@contextlib.contextmanager
+def _log_to_stderr(enabled: bool = True) -> Iterator[None]:
+    """While the block runs, show the ``src_dask`` logger's INFO messages (what a run
+    does) on stderr; afterwards the handler is removed and the logger's level restored,
+    so ``main`` can be called in-process again and again (no handler is left behind on a
+    stream that may since have been closed)."""
+    if not enabled:
+        yield
+        return
     import logging
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("src-dask: %(message)s"))
     logger = logging.getLogger("src_dask")
+    level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _draw_seed() -> int:
@@ -407,15 +420,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--report: Dask's performance report needs a cluster; add --workers N, "
                        "--gpus N or --scheduler-file FILE")
     trains = _open_inputs(args.trains)
-    if args.verbose:
-        _log_to_stderr()
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     seed = args.seed
     if seed is None and args.store is None:
         seed = _draw_seed()  # a stored run records (and on resume reuses) its own
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "seed": seed, "chunk": args.chunk}
-    with _compute_client(args) as client:
+    with _log_to_stderr(args.verbose), _compute_client(args) as client:
         t0 = time.perf_counter()
         try:
             result = src_dask.src(*trains, **options, client=client, store=args.store,
