@@ -22,7 +22,7 @@ demo: $(VENV)/.installed
 	$(BIN)/src-dask demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test

@@ -113,7 +113,7 @@ def _seconds(t: float) -> str:
 
 # -- counting tasks ----------------------------------------------------------------
 def _token(graph: Any) -> str:
-    """The run token every key of the graph ends with (``src_<step>_site<j>-<token>``)."""
+    """The run token every key of the graph ends with (``<step>_site<j>-<token>``)."""
     return str(graph.key).rsplit("-", 1)[1]
 
 
