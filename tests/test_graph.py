@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from conftest import dense_product, random_mpo, random_mps, rel_err
@@ -56,6 +57,9 @@ def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options)
     stack = make_stack(trains)
     plan = _graph.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0, round=False)
     assert max(_graph._z_blocks(stack, plan, j) for j in range(7)) == 10  # one row each
+    with dask.config.set({"src_dask.projection-block-size": "1 GiB"}):
+        assert _graph.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0,
+                           round=False).z_block_bytes == 2**30
     keys = list(dict(_graph.build(stack, plan).dask))
     assert len([k for k in keys if k[1:2] == ("project",)]) > 7
     y = src_dask.src(*trains, **opts)

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import dask
 import dask.array as da
+import dask.utils
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
@@ -40,8 +42,14 @@ from . import _oom, _random, _transfer
 from ._runstore import Progress, RunStore
 from ._stack import Stack
 
-#: Largest projected core ``Z`` made in one piece (bytes).
+#: Largest projected core ``Z`` made in one piece (bytes), unless the Dask config
+#: key ``src_dask.projection-block-size`` says otherwise (e.g. ``"512 MiB"``).
 Z_BLOCK_BYTES = 2 * 2**30
+
+
+def _z_block_bytes() -> int:
+    return dask.utils.parse_bytes(dask.config.get("src_dask.projection-block-size",
+                                                  Z_BLOCK_BYTES))
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ class Plan:
     device: str = "cpu"  # "cpu" (NumPy blocks) or "gpu" (CuPy blocks)
     to_host: bool = True  # results as NumPy arrays (else they stay on the run's device)
     # projected cores larger than this go in row blocks
-    z_block_bytes: int = field(default_factory=lambda: Z_BLOCK_BYTES)
+    z_block_bytes: int = field(default_factory=lambda: _z_block_bytes())
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
