@@ -312,17 +312,19 @@ def _cholesky_qr2(rows: Any) -> Any | None:
     factorizations, about twice as fast as cuSOLVER's Householder QR at these
     shapes, and give the same ``Q`` (``Lᴴ`` is the positive-diagonal R).
     The second round's Gram matrix ``I + E`` measures how orthonormal the
-    first round left ``Q``: within 0.1 of the identity the second round is
-    accurate to rounding (Yamazaki et al., 2015), and within 1e-8 its
-    Cholesky factor is known to first order; beyond 0.1 (``cond(M) ≳ 10⁷``,
-    a rank-deficient sketch, NaN) the caller falls back to Householder.
+    first round left ``Q``: with ``‖E‖_F < 0.1`` the second round is accurate
+    to rounding (Yamazaki et al., 2015), and with ``‖E‖_F < 1e-8`` its
+    Cholesky factor is known to first order (error ``O(‖E‖²)``); beyond 0.1
+    (``cond(M) ≳ 10⁷``, a rank-deficient sketch, NaN) the caller falls back
+    to Householder.
     """
     xp = xp_of(rows)
     try:
         rows = _cholesky_round(rows, rows.conj() @ rows.T)
         error = rows.conj() @ rows.T  # I + E: how far from orthonormal round one left them
         error -= xp.eye(error.shape[0], dtype=error.dtype)
-        deviation = float(abs(error).max())  # one synchronisation per site
+        # ‖E‖_F bounds the spectral norm: the first-order step below errs by O(‖E‖²)
+        deviation = float(xp.linalg.norm(error))  # one synchronisation per site
         if deviation < 1e-8:
             # Cholesky of I + E is I + tril(E) - diag(E)/2 + O(E²), below rounding here
             # (most sketches land here: a GEMM instead of a second factorization)
