@@ -69,8 +69,12 @@ class Stack:
     def max_rank(self, site: int) -> int:
         """An upper bound of the product's rank at the cut left of ``site``."""
         bonds = math.prod(self.left_bonds(site))
-        phys = math.prod(self.up(j) * self.down(j) for j in range(site))
-        return min(bonds, phys)
+        phys = 1
+        for j in range(site):  # stops once the physical legs exceed the bonds
+            phys *= self.up(j) * self.down(j)
+            if phys >= bonds:
+                return bonds
+        return phys
 
     def up(self, site: int) -> int:
         """Size of the output's up (row or physical) leg at ``site``."""
