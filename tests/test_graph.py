@@ -62,6 +62,7 @@ def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options)
                            round=False).z_block_bytes == 2**30
     keys = list(dict(_graph.build(stack, plan).dask))
     assert len([k for k in keys if k[1:2] == ("project",)]) > 7
+    assert len([k for k in keys if k[1:2] == ("update",)]) > 7  # S summed from the blocks
     y = src_dask.src(*trains, **opts)
     for c, c0 in zip(y, ref, strict=True):
         assert c.shape == c0.shape

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -237,14 +238,24 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # that moving data dominates: there the scheduler takes the block C_j to Z
             # (smaller by a factor of the physical dimensions up·down), not Z to C_j.
             pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else row)
-        whole = _z_blocks(stack, plan, j - 1) == 1
+        # Z in blocks: each block's share of S_{j-1} is made where the block is, then
+        # summed (moving S-sized partials, not Z). Z whole: the QR task does it all.
+        split = len(zs) > 1
+        whole = not split and _z_blocks(stack, plan, j - 1) == 1
         checkpoint = partial(store.write_pass2, j) if store else None
-        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, zs,
+        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if split else zs,
                       cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
                       cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
-                      checkpoint=checkpoint)
+                      checkpoint=None if split else checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
-        if whole:
+        if split:
+            parts = [g.add((name("pass2", j), "update", b),
+                           _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
+                           out[j], z, rows=(b, len(zs))) for b, z in enumerate(zs)]
+            env = g.add((name("pass2", j), "env"), _sum_env, parts, out[j],
+                        checkpoint=checkpoint)
+            zs = None
+        elif whole:
             zs = [g.add((name("pass2", j - 1), "project", 0), operator.getitem, state, 2)]
         else:
             zs = None
@@ -306,6 +317,18 @@ def _piece_task(env: Any, z: Any, *, site: int, start: int, stop: int, run: str,
 def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
     return _oom.naming_the_site(K.pass2_step, site=site, step="pass 2")(*args, site=site,
                                                                         **kwargs)
+
+
+def _sum_env(parts: list[Any], eta: Any, *,
+             checkpoint: Callable[[Any, Any], None] | None) -> Any:
+    """``S_{j-1}``, the sum of the row blocks' shares (None: empty blocks); checkpointed."""
+    env = None
+    for part in parts:
+        if part is not None:
+            env = part if env is None else env + part
+    if checkpoint is not None:
+        checkpoint(eta, env)
+    return env
 
 
 def _stored(*, store: RunStore, what: str, site: int, device: str) -> Any:

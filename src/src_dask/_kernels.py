@@ -240,20 +240,24 @@ def sketch_piece(env: Any, z: Any | None) -> Any | None:
     return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
 
 
-def pass2_step(pieces: list[list[Any]], zs: list[Any], cores_left: list[Any] | None, *,
+def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[Any] | None, *,
                up: int, down: int, cutoff: float, max_rank: int, site: int,
                checkpoint: Callable[[Any, Any], None] | None = None) -> tuple[Any, Any, Any]:
     """One site of pass 2: ``(η_j, S_{j-1}, Z_{j-1})``.
 
     ``pieces[c][b]`` is the sketch of column block ``c`` and row block ``b`` of
-    ``Z_j`` (``zs[b]``). ``cores_left`` given: ``Z_{j-1}`` is projected here
-    whole; None: it is left to one task per row block (a large core), and the
-    third item is None. Fusing the QR, the environment update and a whole
-    projection into one task leaves two dependent tasks per site on the
-    critical path, which is what bounds small problems.
+    ``Z_j`` (``zs[b]``). ``zs`` None: only ``η_j`` is made here (``S_{j-1}``
+    is summed from :func:`partial_update` of each block), the rest is None.
+    ``cores_left`` given: ``Z_{j-1}`` is projected here whole; None: it is left
+    to one task per row block (a large core), and the third item is None.
+    Fusing the QR, the environment update and a whole projection into one
+    task leaves two dependent tasks per site on the critical path, which is
+    what bounds small problems.
     ``checkpoint(η_j, S_{j-1})`` saves the state a restarted run resumes from.
     """
     eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
+    if zs is None:
+        return eta, None, None
     env = update_env(eta, zs)
     if checkpoint is not None:
         checkpoint(eta, env)
@@ -390,6 +394,14 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
         env = part if env is None else env + part
         lo = hi
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
+
+
+def partial_update(eta: Any, z: Any | None, rows: tuple[int, int]) -> Any | None:
+    """Row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see :func:`update_env`)."""
+    if z is None:
+        return None
+    lo, hi = block_rows(eta.shape[1], *rows)
+    return update_env(eta[:, lo:hi], [z])
 
 
 def first_core(zs: list[Any]) -> Any:
