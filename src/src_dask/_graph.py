@@ -15,7 +15,8 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     then one task for the QR, the update of ``S`` and the projected core ``Z``
     of the next site. A projected core over ``Plan.z_block_bytes`` (the stack's
     physical legs multiply its size) is instead made by one task per block of
-    its rows, so that it is computed, kept and spilled in pieces;
+    its rows, so that it is computed, kept and spilled in pieces, and each
+    block's share of the next ``S`` is made where the block is, then summed;
 ``round_site<j>``
     the exact rounding sweep of oversampled runs;
 ``result_site<j>``
