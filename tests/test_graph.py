@@ -216,3 +216,19 @@ def test_zarr_inputs_are_read_two_sites_ahead_in_each_pass(tmp_path):
                 assert gates == {(f"pass2_site{site + 2}", "core")}
             else:
                 assert gates == set()
+
+
+def test_row_blocks_of_z_spread_over_the_workers(cluster_client, monkeypatch):
+    """On a cluster, a projected core in row blocks is made on every worker, and the
+    result is the one of a single process."""
+    from distributed import get_task_stream
+
+    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 200)
+    trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
+    ref = src_dask.src(*trains, chi_out=12, seed=1)
+    with get_task_stream(client=cluster_client) as stream:
+        y = src_dask.src(*trains, chi_out=12, seed=1, client=cluster_client)
+    projects = [t for t in stream.data if t["key"][1:2] == ("project",)]
+    assert len({t["worker"] for t in projects}) == 2
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

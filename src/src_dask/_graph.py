@@ -225,6 +225,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             zs = [g.add((name("pass2", j), "project", b),
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
                         cores2[j], env, rows=(b, m)) for b in range(m)]
+            if m > 1:  # spread over the workers; the sketch and update of a block follow it
+                zs = [g.pin(z, b) for b, z in enumerate(zs)]
         if j == 0:
             break
         pieces = []
