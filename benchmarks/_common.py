@@ -499,6 +499,33 @@ def best_of(fn: Callable[[], Any], repeats: int, own_cpu: Callable[[], float] = 
     return out, result
 
 
+def task_profile(stream: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a cluster run's time went, from distributed's task stream: per step
+    (``pass1``, ``pass2.project``, ``pass2.qr``, ...) the tasks' summed compute,
+    transfer and disk (spilling) seconds, and the wall span of each pass."""
+    from dask.utils import key_split
+
+    steps: dict[str, dict[str, float]] = {}
+    spans: dict[str, list[float]] = {}
+    for task in stream:
+        key = task["key"]
+        step = key_split(key).split("_site")[0]
+        if step == "pass2" and isinstance(key, tuple) and len(key) > 1:
+            step = f"pass2.{key[1]}"
+        entry = steps.setdefault(step, {"tasks": 0})
+        entry["tasks"] += 1
+        for ss in task.get("startstops", ()):
+            what = {"compute": "compute_s", "transfer": "transfer_s"}.get(
+                ss["action"], "disk_s" if "disk" in ss["action"] else "other_s")
+            entry[what] = entry.get(what, 0.0) + ss["stop"] - ss["start"]
+            if ss["action"] == "compute" and step.split(".")[0] in ("pass1", "pass2"):
+                span = spans.setdefault(step.split(".")[0], [ss["start"], ss["stop"]])
+                span[0], span[1] = min(span[0], ss["start"]), max(span[1], ss["stop"])
+    per_step = {k: {m: round(v, 4) for m, v in e.items()} for k, e in sorted(steps.items())}
+    return {"per_step": per_step,
+            **{f"{p}_span_s": round(b - a, 4) for p, (a, b) in spans.items()}}
+
+
 def cluster_cpu(client) -> Callable[[], float]:
     """``own_cpu`` for :func:`best_of` on a cluster: CPU seconds of this process and
     of every worker process."""

@@ -67,6 +67,7 @@ from _common import (
     spill_counters,
     spilled_between,
     src_flops,
+    task_profile,
     write_json,
 )
 
@@ -309,18 +310,22 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
                                 client=client, store=store)
 
+        from distributed import get_task_stream
+
         before = spill_counters(client)
-        with PeakMemory(device) as memory:
+        with PeakMemory(device) as memory, get_task_stream(client=client) as stream:
             timing, result = best_of(run, args.repeats, own_cpu=cluster_cpu(client),
                                      setup=remove_store, warmup=args.full_warmup)
         spilled = spilled_between(before, spill_counters(client))
+        # where the time went (summed over the timed calls; one by default)
+        profile = task_profile(stream.data)
         # a stored result's cores are read from the store, which goes next
         result = src_dask.TensorTrain(result.to_numpy(), result.kind) if keep else None
     remove_store()
     calls = len(timing["times_s"]) + ("warmup_s" in timing)
     entry = {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
              **timing, "flops": flops, **rates(flops, timing["best_s"], gemm),
-             "memory": memory.result(), "spilled": spilled, "calls": calls,
+             "memory": memory.result(), "spilled": spilled, "calls": calls, "profile": profile,
              "cluster_startup_s": startup, "tiny_warmup_s": warm}
     return entry, result
 
@@ -362,6 +367,15 @@ def print_table(record: dict[str, Any]) -> None:
     print(f"{record['flops']['total']:.3e} flop; GEMM complex128 {gemm['n']}^3 on the "
           f"{gemm['device'].upper()}: {gemm['tflops']:.3f} TFLOP/s. host GB: peak RSS of this "
           "process and the workers; device GB: peak device-wide use above the baseline")
+    for key, e in record["runs"].items():
+        prof = e.get("profile")
+        if prof:
+            busy = ", ".join(f"{step} {v.get('compute_s', 0):.1f}+{v.get('transfer_s', 0):.1f}"
+                             f"+{v.get('disk_s', 0):.1f}" for step, v in prof["per_step"].items()
+                             if v.get("compute_s", 0) + v.get("transfer_s", 0) > 0.05)
+            print(f"{key}: pass 1 {prof.get('pass1_span_s', 0):.1f} s, pass 2 "
+                  f"{prof.get('pass2_span_s', 0):.1f} s; task seconds compute+transfer+disk: "
+                  f"{busy}")
     for t in record.get("targets", []):
         print(f"target {t['run']}: {t['seconds']:.1f} s (<= {t['seconds_max']}), "
               f"{t['fraction_of_gemm']:.1%} of GEMM (>= {t['fraction_min']:.0%}): "
