@@ -16,7 +16,7 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     of the next site. A projected core over ``Plan.z_block_bytes`` (the stack's
     physical legs multiply its size) is instead made by one task per block of
     its rows, so that it is computed, kept and spilled in pieces, and each
-    block's share of the next ``S`` is made where the block is, then summed;
+    block adds its share of the next ``S`` to a running sum where it is;
 ``round_site<j>``
     the exact rounding sweep of oversampled runs;
 ``result_site<j>``
@@ -241,8 +241,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # that moving data dominates: there the scheduler takes the block C_j to Z
             # (smaller by a factor of the physical dimensions up·down), not Z to C_j.
             pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else row)
-        # Z in blocks: each block's share of S_{j-1} is made where the block is, then
-        # summed (moving S-sized partials, not Z). Z whole: the QR task does it all.
+        # Z in blocks: each block adds its share of S_{j-1} where the block is (moving
+        # the S-sized running sum, not Z). Z whole: the QR task does it all.
         split = len(zs) > 1
         whole = not split and _z_blocks(stack, plan, j - 1) == 1
         checkpoint = partial(store.write_pass2, j) if store else None
@@ -252,11 +252,15 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                       checkpoint=None if split else checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
         if split:
-            parts = [g.add((name("pass2", j), "update", b),
-                           _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
-                           out[j], z, rows=(b, len(zs))) for b, z in enumerate(zs)]
-            env = g.add((name("pass2", j), "env"), _sum_env, parts, out[j],
-                        checkpoint=checkpoint)
+            # a chain, so that one running sum (not one partial per block) is in memory
+            env = None
+            for b, z in enumerate(zs):
+                env = g.add((name("pass2", j), "update", b),
+                            _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
+                            out[j], z, env, rows=(b, len(zs)))
+            if checkpoint is not None:
+                env = g.add((name("pass2", j), "env"), _checkpointed, env, out[j],
+                            checkpoint=checkpoint)
             zs = None
         elif whole:
             zs = [g.add((name("pass2", j - 1), "project", 0), operator.getitem, state, 2)]
@@ -322,15 +326,9 @@ def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
                                                                         **kwargs)
 
 
-def _sum_env(parts: list[Any], eta: Any, *,
-             checkpoint: Callable[[Any, Any], None] | None) -> Any:
-    """``S_{j-1}``, the sum of the row blocks' shares (None: empty blocks); checkpointed."""
-    env = None
-    for part in parts:
-        if part is not None:
-            env = part if env is None else env + part
-    if checkpoint is not None:
-        checkpoint(eta, env)
+def _checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
+    """``env`` (``S_{j-1}``), once ``checkpoint(η_j, S_{j-1})`` has saved it."""
+    checkpoint(eta, env)
     return env
 
 

@@ -247,7 +247,7 @@ def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[A
 
     ``pieces[c][b]`` is the sketch of column block ``c`` and row block ``b`` of
     ``Z_j`` (``zs[b]``). ``zs`` None: only ``η_j`` is made here (``S_{j-1}``
-    is summed from :func:`partial_update` of each block), the rest is None.
+    is summed by :func:`partial_update` over the blocks), the rest is None.
     ``cores_left`` given: ``Z_{j-1}`` is projected here whole; None: it is left
     to one task per row block (a large core), and the third item is None.
     Fusing the QR, the environment update and a whole projection into one
@@ -396,12 +396,14 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
 
 
-def partial_update(eta: Any, z: Any | None, rows: tuple[int, int]) -> Any | None:
-    """Row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see :func:`update_env`)."""
+def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int]) -> Any | None:
+    """``env`` plus row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see
+    :func:`update_env`); None stands for an empty block, or for no sum yet."""
     if z is None:
-        return None
+        return env
     lo, hi = block_rows(eta.shape[1], *rows)
-    return update_env(eta[:, lo:hi], [z])
+    part = update_env(eta[:, lo:hi], [z])
+    return part if env is None else env + part
 
 
 def first_core(zs: list[Any]) -> Any:
