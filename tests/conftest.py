@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from src_dask import TensorTrain
 
@@ -108,3 +109,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class CountGraphs(SchedulerPlugin):
+    """A scheduler plugin counting the graphs the scheduler receives."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.graphs += 1
+
+
+def graphs_received(client, name: str):
+    """Start counting the graphs ``client``'s scheduler receives; returns the count's reader."""
+    client.register_plugin(CountGraphs(), name=name)
+    return lambda: client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins[name].graphs)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-from conftest import dense_product, random_mpo, random_mps, rel_err
+from conftest import dense_product, graphs_received, random_mpo, random_mps, rel_err
 from dask.utils import key_split
-from distributed.diagnostics.plugin import SchedulerPlugin
 
 import src_dask
 from src_dask import _api, _graph, _random
@@ -70,22 +69,11 @@ def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options)
     assert rel_err(y, dense_product(*trains)) == pytest.approx(rel_err(ref, dense_product(*trains)))
 
 
-class _CountGraphs(SchedulerPlugin):
-    def __init__(self):
-        self.graphs = 0
-
-    def update_graph(self, scheduler, *, keys, **kwargs):
-        self.graphs += 1
-
-
 def test_whole_sweep_is_one_graph_on_a_two_worker_cluster(cluster_client):
-    counter = _CountGraphs()
-    cluster_client.register_plugin(counter, name="count-graphs")
+    graphs = graphs_received(cluster_client, "count-graphs")
     a, x = random_mpo(8, 3, seed=1), random_mps(8, 4, seed=2)
     y = src_dask.apply(a, x, 100, seed=0, client=cluster_client)
-    n_graphs = cluster_client.run_on_scheduler(
-        lambda dask_scheduler: dask_scheduler.plugins["count-graphs"].graphs)
-    assert n_graphs == 1
+    assert graphs() == 1
     assert rel_err(y, dense_product(a, x)) <= 1e-12
     assert len(cluster_client.scheduler_info()["workers"]) == 2
 

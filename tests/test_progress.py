@@ -14,8 +14,7 @@ import types
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import random_mpo, random_mps
-from distributed.diagnostics.plugin import SchedulerPlugin
+from conftest import graphs_received, random_mpo, random_mps
 
 import src_dask
 from src_dask import _graph, _progress, _random
@@ -48,22 +47,12 @@ def test_progress_true_writes_to_stderr(capsys):
     assert "pass 1 of 3 (sketch)" in err and "done: 3 passes over 8 sites" in err
 
 
-class _CountGraphs(SchedulerPlugin):
-    def __init__(self):
-        self.graphs = 0
-
-    def update_graph(self, scheduler, *, keys, **kwargs):
-        self.graphs += 1
-
-
 def test_progress_on_a_cluster_is_one_graph_and_the_same_result(cluster_client):
     a, x = _problem()
-    cluster_client.register_plugin(_CountGraphs(), name="count-graphs-progress")
+    graphs = graphs_received(cluster_client, "count-graphs-progress")
     out = io.StringIO()
     y = src_dask.apply(a, x, 12, seed=0, client=cluster_client, progress=out)
-    graphs = cluster_client.run_on_scheduler(
-        lambda dask_scheduler: dask_scheduler.plugins["count-graphs-progress"].graphs)
-    assert graphs == 1
+    assert graphs() == 1
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("src_dask pass 1 of 2 (sketch), site 0 -> 7 | 0/")
     assert lines[-1].startswith("src_dask done: 2 passes over 8 sites |")
