@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._transfer import to_host
+
 Kind = Literal["mps", "mpo"]
 
 #: Rank of (first, middle, last) site cores for each kind of train.
@@ -209,11 +211,10 @@ def _pad_ends(a: np.ndarray, j: int, n: int) -> np.ndarray:
 
 
 def _to_numpy(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array: a Dask array computed, a CuPy array copied to the host."""
     if hasattr(x, "compute") and not isinstance(x, np.ndarray):
         x = x.compute()
-    if hasattr(x, "get") and type(x).__module__.startswith("cupy"):
-        x = x.get()
-    return np.asarray(x)
+    return to_host(x)
 
 
 def _from_quimb(tn: Any, name: str) -> TensorTrain:
