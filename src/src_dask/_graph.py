@@ -218,10 +218,11 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     for j in range(n - 1, first, -1):
         out[j] = g.add((name("pass2", j), "core"), _stored, store=store, what="eta", site=j,
                        device=plan.device)
+    z_blocks = [_z_blocks(stack, plan, j) for j in range(n)]
     zs = None  # Z_j's row blocks, when the step of site j+1 projected it whole
     for j in range(first, -1, -1):
         if zs is None:
-            m = _z_blocks(stack, plan, j)
+            m = z_blocks[j]
             zs = [g.add((name("pass2", j), "project", b),
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
                         cores2[j], env, rows=(b, m)) for b in range(m)]
@@ -244,7 +245,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         # Z in blocks: each block adds its share of S_{j-1} where the block is (moving
         # the S-sized running sum, not Z). Z whole: the QR task does it all.
         split = len(zs) > 1
-        whole = not split and _z_blocks(stack, plan, j - 1) == 1
+        whole = not split and z_blocks[j - 1] == 1
         checkpoint = partial(store.write_pass2, j) if store else None
         state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if split else zs,
                       cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
