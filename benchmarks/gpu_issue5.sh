@@ -7,7 +7,8 @@
 #               chi 2000 with quimb src and ours (quimb's zipup and src-oversample and our
 #               oversampled run take minutes each there). Wheels: device-wheels --quimb.
 #   PART=stack  bench_stack.py: D_M=1000, chi_out=500 on 1 and 2 GPUs (UCX between them),
-#               then D_M=2000, chi_out=1000 on one GPU, spilling to host memory.
+#               then D_M=2000, chi_out=1000 on one GPU, spilling to host memory, then
+#               pytest -m gpu.
 #               Wheels: device-wheels --ucx. Needs ~60 GB of disk for the D_M=2000 inputs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -42,6 +43,11 @@ stack)
         --quimb no --no-compare --device-memory-limit 0.35 --workdir /tmp/sb2000 --out "$OUT" \
         >"$OUT/bench_stack_dm2000.log" 2>&1
     step "stack dm2000 rc=$?"
+    rm -rf /tmp/sb2000
+    step tests
+    CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -p no:cacheprovider tests/test_gpu.py \
+        >"$OUT/gpu_tests.log" 2>&1
+    step "tests: $(tail -1 "$OUT/gpu_tests.log")"
     ;;
 esac
 step done

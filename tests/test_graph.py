@@ -168,7 +168,7 @@ def test_inputs_are_loaded_two_sites_ahead_not_all_at_once():
 
     dsk = dict(_graph.build(make_stack((random_mpo(8, 3, seed=1), random_mps(8, 4, seed=2))),
                             _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
-                                        round=False)).dask)
+                                        round=False, z_block_bytes=1)).dask)
 
     def step_of(key: tuple) -> tuple[str, object]:
         return key_split(key), key[1]
@@ -191,7 +191,7 @@ def test_zarr_inputs_are_read_two_sites_ahead_in_each_pass(tmp_path):
     src_dask.save(random_mps(8, 4, seed=2), tmp_path / "x")
     stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
     dsk = dict(_graph.build(stack, _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
-                                                round=False)).dask)
+                                                round=False, z_block_bytes=1)).dask)
     for key in dsk:
         if isinstance(key, tuple) and key_split(key).startswith("load_site"):
             site, sweep = int(key_split(key).removeprefix("load_site")), key[1]
@@ -220,3 +220,50 @@ def test_row_blocks_of_z_spread_over_the_workers(cluster_client, monkeypatch):
     assert len({t["worker"] for t in projects}) == 2
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_lookahead_keeps_a_few_sites_of_inputs_in_flight():
+    """Reads run ahead of their use by as many sites as fit in twice the block size
+    (2 to 8): the reference stacks read 8 (D_M=1000) and 4 (D_M=2000) ahead."""
+    from src_dask import problems
+
+    plan = _graph.Plan(sketch=8, chunk=8, chi_out=8, cutoff=0.0, key=0, round=False,
+                       z_block_bytes=2 << 30)
+    for dm, ahead in ((1000, 8), (2000, 4), (30000, 2)):
+        stack = make_stack(tuple(problems.stack(sites=4, dm=dm).values()))
+        assert _graph._lookahead(stack, plan) == ahead, dm
+
+
+def test_several_gpus_read_their_own_inputs_and_sum_their_own_updates(tmp_path):
+    """On several GPU workers each worker reads the Zarr cores its blocks use (no core
+    moves between GPUs), and pass 2 keeps one running sum of S per worker."""
+    from dask.core import get_dependencies
+
+    src_dask.save(random_mpo(6, 3, seed=1), tmp_path / "a")
+    src_dask.save(random_mps(6, 4, seed=2), tmp_path / "x")
+    stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
+    plan = _graph.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+                       device="gpu", z_block_bytes=1)
+    graph = _graph.build(stack, plan, workers=["w0", "w1"])
+    dsk = dict(graph.dask)
+    placement = {k: v for layer in graph.dask.layers.values()
+                 for k, v in ((k, (layer.annotations or {}).get("workers")) for k in layer)
+                 if callable(v)}
+    where = {k: f(k) for k, f in placement.items()}
+
+    def loads_of(key):
+        return {d for d in get_dependencies(dsk, key) if key_split(d).startswith("load_site")}
+
+    for j in range(5):  # block c's chain uses the loads of worker c
+        for c in (0, 1):
+            loads = loads_of((f"pass1_site{j}-" + _token(dsk), c))
+            assert loads and {where.get(k) for k in loads} == {["w0", "w1"][c]}
+    updates = [k for k in dsk if key_split(k) == "pass2_site3" and k[1] == "update"]
+    sums = [k for k in updates if k[2] == "sum"]
+    assert len(sums) == 1
+    chains = get_dependencies(dsk, sums[0])
+    assert {where[k] for k in chains} == {"w0", "w1"}
+
+
+def _token(dsk) -> str:
+    return next(k for k in dsk if isinstance(k, str) and k.startswith("src_result-")).split("-")[1]

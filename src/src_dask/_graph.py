@@ -145,6 +145,12 @@ class _Graph:
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
 
+    def groups(self) -> int:
+        """How many workers read their own copy of the lazy inputs: every GPU worker
+        (moving a core between GPUs costs more than reading it again), one otherwise
+        (each core is read once per pass)."""
+        return len(self.workers) if self.device == "gpu" and len(self.workers) > 1 else 1
+
     def delayed(self, key: str) -> Delayed:
         """The graph as one Delayed computing ``key``."""
         placement = self.placement
@@ -171,36 +177,49 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     def name(step: str, j: int) -> str:
         return f"{step}_site{j}-{token}"
 
-    loaded: dict[tuple[int, int], Any] = {}
+    loaded: dict[tuple[int, int, int], Any] = {}
+    groups = g.groups()
+    ahead = _lookahead(stack, plan)
 
-    def load(j: int, sweep: int, after: Any = None) -> list[Any]:
-        """Site j's cores for one pass, read and moved once ``after`` has run (two sites
+    def load(j: int, sweep: int, after: Any = None, group: int = 0) -> list[Any]:
+        """Site j's cores for one pass, read and moved once ``after`` has run (a few sites
         ahead of their use: memory holds a few sites' inputs, not all of them). Lazy
         inputs are read anew for each pass, so no core waits in memory from pass 1 to
-        pass 2; in-memory ones are prepared once for both passes."""
+        pass 2, and on several GPUs by each worker that uses them (``group``): reading
+        them again beats moving them between workers. In-memory inputs are prepared
+        once for both passes."""
         keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
             shared = K.is_in_memory(raw)
-            if not (shared and (j, i) in loaded):
-                loaded[(j, i)] = g.add((name("load", j), 0 if shared else sweep, i), _prepare,
-                                       g.array(f.train.source(j), after), after,
-                                       kind=f.train.kind, site=j, n=n, transpose=f.transpose,
-                                       dtype=stack.dtype, check=not shared,
-                                       name=f.train.name, device=plan.device)
-            keys.append(loaded[(j, i)])
+            slot = (j, i, 0 if shared else group)
+            if not (shared and slot in loaded):
+                key = (name("load", j), 0 if shared else sweep, i) + ((group,) if group else ())
+                # the data of lazy inputs is checked once: in pass 1, or in pass 2 when
+                # an earlier run did pass 1
+                loaded[slot] = g.add(key, _prepare, g.array(f.train.source(j), after), after,
+                                     kind=f.train.kind, site=j, n=n, transpose=f.transpose,
+                                     dtype=stack.dtype,
+                                     check=not shared and (sweep == 1 or not todo),
+                                     name=f.train.name, device=plan.device)
+                if groups > 1:
+                    g.pin(loaded[slot], group)
+            keys.append(loaded[slot])
         return keys
 
     # Pass 1: C_1 … C_{n-1}, one independent chain per block of columns.
     todo = [c for c in range(len(blocks)) if not (progress and progress.pass1_done[c])]
-    cores1 = [load(j, 1, (name("pass1", j - 2), todo[0]) if j >= 2 else None)
-              for j in range(n - 1)] if todo else []
+    lead = {}  # the first block each group runs: its chain paces the group's reads
+    for c in todo:
+        lead.setdefault(c % groups, c)
+    cores1 = {(j, grp): load(j, 1, (name("pass1", j - ahead), c) if j >= ahead else None, grp)
+              for grp, c in lead.items() for j in range(n - 1)}
     envs: list[list[Any]] = [[None] * len(blocks) for _ in range(n)]
     for c in todo:
         start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            env = g.add((name("pass1", j), c), _pass1_task, env, cores1[j], site=j,
+            env = g.add((name("pass1", j), c), _pass1_task, env, cores1[j, c % groups], site=j,
                         start=start, stop=stop, run=token, store=store, block=c,
                         last=j == n - 2, seed_key=plan.key, legs=(stack.up(j), stack.down(j)))
             envs[j + 1][c] = g.pin(env, c)
@@ -209,8 +228,10 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     # sketches it against C_j, and the QR step makes η_j and S_{j-1}.
     out: list[Any] = [None] * n
     first = progress.pass2_next if progress else n - 1
-    cores2 = {j: load(j, 2, (name("pass2", j + 2), "core") if j + 2 < n else None)
-              for j in range(first + 1)}
+    cores2 = {(j, grp): load(j, 2, (name("pass2", j + ahead), "core") if j + ahead < n else None,
+                             grp)
+              for j in range(first + 1) for grp in range(groups if _z_blocks(stack, plan, j) > 1
+                                                         else 1)}
     env = None  # S = 1 right of the last site
     if first < n - 1:
         env = g.add((name("pass2", first), "resume"), _stored, store=store,
@@ -225,7 +246,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             m = z_blocks[j]
             zs = [g.add((name("pass2", j), "project", b),
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
-                        cores2[j], env, rows=(b, m)) for b in range(m)]
+                        cores2[j, b % groups if m > 1 else 0], env, rows=(b, m))
+                  for b in range(m)]
             if m > 1:  # spread over the workers; the sketch and update of a block follow it
                 zs = [g.pin(z, b) for b, z in enumerate(zs)]
         if j == 0:
@@ -248,17 +270,23 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         whole = not split and z_blocks[j - 1] == 1
         checkpoint = partial(store.write_pass2, j) if store else None
         state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if split else zs,
-                      cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
+                      cores2[j - 1, 0] if whole else None, up=stack.up(j), down=stack.down(j),
                       cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
                       checkpoint=None if split else checkpoint)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
         if split:
-            # a chain, so that one running sum (not one partial per block) is in memory
-            env = None
-            for b, z in enumerate(zs):
-                env = g.add((name("pass2", j), "update", b),
-                            _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
-                            out[j], z, env, rows=(b, len(zs)))
+            # a chain on each worker that holds blocks, so that one running sum per
+            # worker (not one partial per block) is in memory and only sums travel
+            sums = []
+            for grp in range(min(groups, len(zs))):
+                env = None
+                for b in range(grp, len(zs), groups):
+                    env = g.pin(g.add((name("pass2", j), "update", b),
+                                  _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
+                                  out[j], zs[b], env, rows=(b, len(zs))), b)
+                sums.append(env)
+            if len(sums) > 1:
+                env = g.add((name("pass2", j), "update", "sum"), _sum, *sums)
             if checkpoint is not None:
                 env = g.add((name("pass2", j), "env"), _checkpointed, env, out[j],
                             checkpoint=checkpoint)
@@ -337,6 +365,20 @@ def _stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
     """η or the right environment of a site an earlier run finished, on this run's device."""
     read = store.read_eta if what == "eta" else store.read_right_env
     return K.on_device(read(site), device)
+
+
+def _sum(*parts: Any) -> Any:
+    """The sum of the workers' running sums (None: a worker had only empty blocks)."""
+    parts = [p for p in parts if p is not None]
+    return sum(parts[1:], parts[0]) if parts else None
+
+
+def _lookahead(stack: Stack, plan: Plan) -> int:
+    """How many sites ahead of their use inputs are read: enough that reads overlap
+    each other and the contractions, within ``2 * plan.z_block_bytes`` of inputs
+    in flight (2 to 8 sites)."""
+    site_bytes = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n))
+    return max(2, min(8, 2 * plan.z_block_bytes // max(1, site_bytes * stack.dtype.itemsize)))
 
 
 def _z_blocks(stack: Stack, plan: Plan, site: int) -> int:

@@ -145,9 +145,17 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
     Lazy inputs (Dask, Zarr) reach here unread, so ``check`` tests their data
     for NaN/inf here; in-memory inputs were checked before the run.
     """
+    copied = device == "gpu" and isinstance(block, np.ndarray)
     block = on_device(block, device)
-    if check and not all_finite(block):
-        raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
+    if check:
+        if copied:  # beside the queued contractions, not after them
+            from ._transfer import all_finite_beside
+
+            finite = all_finite_beside(block)
+        else:
+            finite = all_finite(block)
+        if not finite:
+            raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
     if site == 0:
         block = block[None]
     if site == n - 1:

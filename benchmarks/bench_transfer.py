@@ -1,0 +1,83 @@
+# ruff: noqa: T201
+"""How fast a CuPy block moves between the two GPU workers of ``src_dask.cluster(gpus=2)``.
+
+Moves a 1 GiB CuPy array from worker 0 to worker 1 (and a pinned-host copy on one GPU
+for scale), for each ``--protocol``, and writes ``transfer_gpu.json``. This is the rate
+that pass 2 on several GPUs moves sums of ``S`` and blocks of ``C_j`` at.
+
+    python benchmarks/bench_transfer.py --protocol tcp ucx --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import src_dask
+
+
+def _make(nbytes: int):
+    import cupy
+
+    x = cupy.ones(nbytes // 16, dtype="complex128")
+    cupy.cuda.Device().synchronize()
+    return x
+
+
+def _touch(x) -> float:
+    import cupy
+
+    value = float(x[-1].real.get())
+    cupy.cuda.Device().synchronize()
+    return value
+
+
+def _peer_access() -> dict:
+    import cupy
+
+    n = cupy.cuda.runtime.getDeviceCount()
+    return {f"{a}->{b}": bool(cupy.cuda.runtime.deviceCanAccessPeer(a, b))
+            for a in range(n) for b in range(n) if a != b}
+
+
+def measure(protocol: str, nbytes: int, repeats: int) -> dict:
+    from distributed import Client, wait
+
+    with src_dask.cluster(gpus=2, protocol=protocol) as cluster, Client(cluster) as client:
+        w0, w1 = sorted(client.scheduler_info()["workers"])
+        times = []
+        for r in range(repeats):
+            x = client.submit(_make, nbytes + r * 16, workers=[w0], pure=False)
+            wait(x)
+            t0 = time.perf_counter()
+            client.submit(_touch, x, workers=[w1], allow_other_workers=False).result()
+            times.append(time.perf_counter() - t0)
+            del x
+        return {"protocol": protocol, "bytes": nbytes, "seconds": times,
+                "best_GBps": nbytes / min(times) / 1e9}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--protocol", nargs="+", default=["tcp", "ucx"])
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args()
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "peer_access": _peer_access(), "runs": []}
+    for protocol in args.protocol:
+        try:
+            record["runs"].append(measure(protocol, int(args.gib * 2**30), args.repeats))
+        except Exception as e:  # noqa: BLE001 - one protocol failing still reports the other
+            record["runs"].append({"protocol": protocol, "error": repr(e)})
+        print(json.dumps(record["runs"][-1]))
+    print("peer access:", record["peer_access"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "transfer_gpu.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
