@@ -6,9 +6,9 @@
 #   PART=mpo    pytest -m gpu, then bench_mpo_mps.py: chi 200 500 1000 with every method,
 #               chi 2000 with quimb src and ours (quimb's zipup and src-oversample and our
 #               oversampled run take minutes each there). Wheels: device-wheels --quimb.
-#   PART=stack  bench_stack.py: D_M=1000, chi_out=500 on 1 and 2 GPUs (UCX between them),
-#               then D_M=2000, chi_out=1000 on one GPU, spilling to host memory, then
-#               pytest -m gpu.
+#   PART=stack  bench_transfer.py (GPU to GPU over tcp and ucx), bench_stack.py: D_M=1000,
+#               chi_out=500 on 1 and 2 GPUs (the faster protocol between them), then
+#               D_M=2000, chi_out=1000 on one GPU, spilling to host memory; pytest -m gpu.
 #               Wheels: device-wheels --ucx. Needs ~60 GB of disk for the D_M=2000 inputs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -33,14 +33,22 @@ mpo)
     step "mpo_mps 2000 rc=$?"
     ;;
 stack)
-    step "stack dm1000"
-    python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 1 2 --modes memory \
-        --quimb no --protocol ucx --workdir /tmp/sb1000 --out "$OUT" \
+    step transfer
+    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
+    # the faster protocol between the two GPUs serves the 2-worker run
+    proto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['runs'] if 'best_GBps' in x]; print(max(r, key=lambda x: x['best_GBps'])['protocol'] if r else 'tcp')" "$OUT/transfer_gpu.json")
+    step "stack dm1000 w1 (2 workers: $proto)"
+    python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 1 --modes memory \
+        --quimb no --protocol ucx --workdir /tmp/sb1000 --out "$OUT/stack_gpu_dm1000.json" \
         >"$OUT/bench_stack_dm1000.log" 2>&1
-    step "stack dm1000 rc=$?"
+    step "stack dm1000 w1 rc=$?"
+    timeout 240 python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 2 \
+        --modes memory --quimb no --protocol "$proto" --workdir /tmp/sb1000 \
+        --out "$OUT/stack_gpu_dm1000_w2.json" >>"$OUT/bench_stack_dm1000.log" 2>&1
+    step "stack dm1000 w2 rc=$?"
     rm -rf /tmp/sb1000
     python3 benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --workers 1 --modes memory \
-        --quimb no --no-compare --device-memory-limit 0.35 --workdir /tmp/sb2000 --out "$OUT" \
+        --quimb no --no-compare --device-memory-limit 0.5 --workdir /tmp/sb2000 --out "$OUT" \
         >"$OUT/bench_stack_dm2000.log" 2>&1
     step "stack dm2000 rc=$?"
     rm -rf /tmp/sb2000
