@@ -1,11 +1,13 @@
 # ruff: noqa: T201
 """How fast a CuPy block moves between the two GPU workers of ``src_dask.cluster(gpus=2)``.
 
-Moves a 1 GiB CuPy array from worker 0 to worker 1 (and a pinned-host copy on one GPU
-for scale), for each ``--protocol``, and writes ``transfer_gpu.json``. This is the rate
-that pass 2 on several GPUs moves sums of ``S`` and blocks of ``C_j`` at.
+Moves a 1 GiB CuPy array from worker 0 to worker 1 for each ``--protocol`` and RMM
+allocator (``async``: ``src_dask.cluster``'s default stream-ordered pool; ``pool``: a
+classic RMM pool, which dask-cuda's UCX notes recommend because CUDA IPC maps each
+allocation once per pair of processes), and writes ``transfer_gpu.json``. This is the
+rate at which pass 2 on several GPUs moves sums of ``S`` and blocks of ``C_j``.
 
-    python benchmarks/bench_transfer.py --protocol tcp ucx --out benchmarks/results
+    python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ def _peer_access() -> dict:
             for a in range(n) for b in range(n) if a != b}
 
 
-def measure(protocol: str, nbytes: int, repeats: int) -> dict:
+def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
     from distributed import Client, wait
 
-    with src_dask.cluster(gpus=2, protocol=protocol) as cluster, Client(cluster) as client:
+    allocator = {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
+    with src_dask.cluster(gpus=2, protocol=protocol, **allocator) as cluster, \
+            Client(cluster) as client:
         w0, w1 = sorted(client.scheduler_info()["workers"])
         times = []
         for r in range(repeats):
@@ -55,13 +59,14 @@ def measure(protocol: str, nbytes: int, repeats: int) -> dict:
             client.submit(_touch, x, workers=[w1], allow_other_workers=False).result()
             times.append(time.perf_counter() - t0)
             del x
-        return {"protocol": protocol, "bytes": nbytes, "seconds": times,
+        return {"protocol": protocol, "rmm": rmm, "bytes": nbytes, "seconds": times,
                 "best_GBps": nbytes / min(times) / 1e9}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--protocol", nargs="+", default=["tcp", "ucx"])
+    p.add_argument("--rmm", nargs="+", choices=("async", "pool"), default=["async"])
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -69,10 +74,12 @@ def main() -> None:
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "peer_access": _peer_access(), "runs": []}
     for protocol in args.protocol:
-        try:
-            record["runs"].append(measure(protocol, int(args.gib * 2**30), args.repeats))
-        except Exception as e:  # noqa: BLE001 - one protocol failing still reports the other
-            record["runs"].append({"protocol": protocol, "error": repr(e)})
+        for rmm in args.rmm:
+            try:
+                record["runs"].append(measure(protocol, rmm, int(args.gib * 2**30),
+                                              args.repeats))
+            except Exception as e:  # noqa: BLE001 - one failing still reports the others
+                record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
         print(json.dumps(record["runs"][-1]))
     print("peer access:", record["peer_access"])
     args.out.mkdir(parents=True, exist_ok=True)

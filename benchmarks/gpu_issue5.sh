@@ -34,7 +34,7 @@ mpo)
     ;;
 stack)
     step transfer
-    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
+    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
     # the faster protocol between the two GPUs serves the 2-worker run
     proto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['runs'] if 'best_GBps' in x]; print(max(r, key=lambda x: x['best_GBps'])['protocol'] if r else 'tcp')" "$OUT/transfer_gpu.json")
     step "stack dm1000 w1 (2 workers: $proto)"

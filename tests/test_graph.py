@@ -234,9 +234,10 @@ def test_lookahead_keeps_a_few_sites_of_inputs_in_flight():
         assert _graph._lookahead(stack, plan) == ahead, dm
 
 
-def test_several_gpus_read_their_own_inputs_and_sum_their_own_updates(tmp_path):
+def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
     """On several GPU workers each worker reads the Zarr cores its blocks use (no core
-    moves between GPUs), and pass 2 keeps one running sum of S per worker."""
+    moves between GPUs), and pass 2 runs on the first worker, which fetches the other
+    workers' blocks of C_j a few sites ahead of their use."""
     from dask.core import get_dependencies
 
     src_dask.save(random_mpo(6, 3, seed=1), tmp_path / "a")
@@ -246,24 +247,44 @@ def test_several_gpus_read_their_own_inputs_and_sum_their_own_updates(tmp_path):
                        device="gpu", z_block_bytes=1)
     graph = _graph.build(stack, plan, workers=["w0", "w1"])
     dsk = dict(graph.dask)
-    placement = {k: v for layer in graph.dask.layers.values()
-                 for k, v in ((k, (layer.annotations or {}).get("workers")) for k in layer)
-                 if callable(v)}
-    where = {k: f(k) for k, f in placement.items()}
+    where = {k: f(k) for layer in graph.dask.layers.values()
+             for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
+             if callable(f)}
+    token = next(k for k in dsk if isinstance(k, str) and k.startswith("src_result-"))[11:]
 
-    def loads_of(key):
-        return {d for d in get_dependencies(dsk, key) if key_split(d).startswith("load_site")}
+    def deps(key, prefix):
+        return {d for d in get_dependencies(dsk, key) if key_split(d).startswith(prefix)}
 
     for j in range(5):  # block c's chain uses the loads of worker c
         for c in (0, 1):
-            loads = loads_of((f"pass1_site{j}-" + _token(dsk), c))
-            assert loads and {where.get(k) for k in loads} == {["w0", "w1"][c]}
-    updates = [k for k in dsk if key_split(k) == "pass2_site3" and k[1] == "update"]
-    sums = [k for k in updates if k[2] == "sum"]
-    assert len(sums) == 1
-    chains = get_dependencies(dsk, sums[0])
-    assert {where[k] for k in chains} == {"w0", "w1"}
+            loads = deps((f"pass1_site{j}-{token}", c), "load_site")
+            assert loads and {where[k] for k in loads} == {["w0", "w1"][c]}
+    for j in range(1, 6):
+        steps = [k for k in dsk if key_split(k) == f"pass2_site{j}"
+                 and k[1] in ("project", "sketch", "qr", "update", "fetch")]
+        assert {where[k] for k in steps} == {"w0"}
+        fetch = (f"pass2_site{j}-{token}", "fetch", 1)
+        assert fetch in dsk and deps((f"pass2_site{j}-{token}", "sketch", 0, 1), "pass2") \
+            == {fetch, (f"pass2_site{j}-{token}", "project", 0)}
+        if j + 2 < 6:  # fetched two sites ahead (z_block_bytes=1), not at the start
+            assert deps(fetch, "pass2") == {(f"pass2_site{j + 2}-{token}", "core")}
 
 
-def _token(dsk) -> str:
-    return next(k for k in dsk if isinstance(k, str) and k.startswith("src_result-")).split("-")[1]
+def test_pass_2_on_one_worker_gives_the_same_result(cluster_client, monkeypatch):
+    """The several-GPU layout (own reads per worker, pass 2 on the first worker,
+    fetched blocks of C_j), run on two CPU workers, gives the single-process result."""
+    from distributed import get_task_stream
+
+    monkeypatch.setattr(_graph._Graph, "groups", lambda self: max(1, len(self.workers)))
+    trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
+    ref = src_dask.src(*trains, chi_out=12, seed=1)
+    with get_task_stream(client=cluster_client) as stream:
+        y = src_dask.src(*trains, chi_out=12, seed=1, client=cluster_client, chunk=6)
+    ran = {}
+    for t in stream.data:
+        ran.setdefault(t["key"][1:2] if key_split(t["key"]).startswith("pass2") else
+                       key_split(t["key"])[:5], set()).add(t["worker"])
+    assert len(ran["pass1"]) == 2 and len(ran[("fetch",)]) == 1
+    assert ran[("qr",)] == ran[("fetch",)] == ran[("project",)]
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

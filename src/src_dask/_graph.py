@@ -6,7 +6,7 @@ tasks by step and site and shows where a run is (the prefixes stay within the
 
 ``load_site<j>``
     read, pad and cast the input cores of site ``j`` (one task per factor;
-    lazy inputs once per pass);
+    lazy inputs once per pass, on several GPUs once per worker);
 ``pass1_site<j>``
     the sketch chain ``C_j → C_{j+1}``, one task per block of sketch columns —
     the blocks never talk to each other, so pass 1 is embarrassingly parallel;
@@ -16,7 +16,9 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     of the next site. A projected core over ``Plan.z_block_bytes`` (the stack's
     physical legs multiply its size) is instead made by one task per block of
     its rows, so that it is computed, kept and spilled in pieces, and each
-    block adds its share of the next ``S`` to a running sum where it is;
+    block adds its share of the next ``S`` to a running sum where it is. On
+    several GPUs pass 2 runs on the first worker (``fetch`` tasks bring the
+    other workers' blocks of ``C_j`` to it ahead of use);
 ``round_site<j>``
     the exact rounding sweep of oversampled runs;
 ``result_site<j>``
@@ -195,12 +197,12 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             slot = (j, i, 0 if shared else group)
             if not (shared and slot in loaded):
                 key = (name("load", j), 0 if shared else sweep, i) + ((group,) if group else ())
-                # the data of lazy inputs is checked once: in pass 1, or in pass 2 when
-                # an earlier run did pass 1
+                # the data of lazy inputs is checked once: in pass 1, or in pass 2 for
+                # the last site (pass 1 stops before it) and when an earlier run did pass 1
+                check = not shared and (sweep == 1 or j == n - 1 or not todo)
                 loaded[slot] = g.add(key, _prepare, g.array(f.train.source(j), after), after,
                                      kind=f.train.kind, site=j, n=n, transpose=f.transpose,
-                                     dtype=stack.dtype,
-                                     check=not shared and (sweep == 1 or not todo),
+                                     dtype=stack.dtype, check=check,
                                      name=f.train.name, device=plan.device)
                 if groups > 1:
                     g.pin(loaded[slot], group)
@@ -225,13 +227,19 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             envs[j + 1][c] = g.pin(env, c)
 
     # Pass 2: right to left. Site j turns S_j into Z_j (in row blocks when it is large),
-    # sketches it against C_j, and the QR step makes η_j and S_{j-1}.
+    # sketches it against C_j, and the QR step makes η_j and S_{j-1}. On several GPUs
+    # it all runs on the first worker (``home``), which fetches the other workers' blocks
+    # of C_j a few sites ahead: each step would otherwise move S (the size of C_j times
+    # chi_out / s) and Z between GPUs, at the rate of the link, in the critical path.
+    home = groups > 1
+
+    def place(key: Any, b: int) -> Any:
+        return g.pin(key, 0 if home else b)
+
     out: list[Any] = [None] * n
     first = progress.pass2_next if progress else n - 1
-    cores2 = {(j, grp): load(j, 2, (name("pass2", j + ahead), "core") if j + ahead < n else None,
-                             grp)
-              for j in range(first + 1) for grp in range(groups if _z_blocks(stack, plan, j) > 1
-                                                         else 1)}
+    cores2 = {j: load(j, 2, (name("pass2", j + ahead), "core") if j + ahead < n else None)
+              for j in range(first + 1)}
     env = None  # S = 1 right of the last site
     if first < n - 1:
         env = g.add((name("pass2", first), "resume"), _stored, store=store,
@@ -246,10 +254,10 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             m = z_blocks[j]
             zs = [g.add((name("pass2", j), "project", b),
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
-                        cores2[j, b % groups if m > 1 else 0], env, rows=(b, m))
+                        cores2[j], env, rows=(b, m))
                   for b in range(m)]
-            if m > 1:  # spread over the workers; the sketch and update of a block follow it
-                zs = [g.pin(z, b) for b, z in enumerate(zs)]
+            if m > 1 or home:  # on CPUs spread over the workers; the sketch and update
+                zs = [place(z, b) for b, z in enumerate(zs)]  # of a block follow it
         if j == 0:
             break
         pieces = []
@@ -257,36 +265,37 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # with a store: C_j is read from disk, after block c's chain (if this run
             # does it) has written it
             block_env = envs[j][c] if store is None else envs[n - 1][c]
+            if home and store is None and c % groups:
+                gate = (name("pass2", j + ahead), "core") if j + ahead < n else None
+                block_env = g.pin(g.add((name("pass2", j), "fetch", c), _first, block_env,
+                                        gate), 0)
             row = [g.add((name("pass2", j), "sketch", b, c), _piece_task, block_env, z, site=j,
                          start=start, stop=stop, run=token, store=store)
                    for b, z in enumerate(zs)]
             # A CPU multiplies its block where the block lives. A GPU multiplies so fast
-            # that moving data dominates: there the scheduler takes the block C_j to Z
-            # (smaller by a factor of the physical dimensions up·down), not Z to C_j.
-            pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else row)
+            # that moving data dominates: there C_j goes to Z (smaller by a factor of the
+            # physical dimensions up·down), not Z to C_j.
+            pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else
+                          [place(k, 0) for k in row])
         # Z in blocks: each block adds its share of S_{j-1} where the block is (moving
         # the S-sized running sum, not Z). Z whole: the QR task does it all.
         split = len(zs) > 1
         whole = not split and z_blocks[j - 1] == 1
         checkpoint = partial(store.write_pass2, j) if store else None
         state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if split else zs,
-                      cores2[j - 1, 0] if whole else None, up=stack.up(j), down=stack.down(j),
+                      cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
                       cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
                       checkpoint=None if split else checkpoint)
+        if home:
+            g.pin(state, 0)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
         if split:
-            # a chain on each worker that holds blocks, so that one running sum per
-            # worker (not one partial per block) is in memory and only sums travel
-            sums = []
-            for grp in range(min(groups, len(zs))):
-                env = None
-                for b in range(grp, len(zs), groups):
-                    env = g.pin(g.add((name("pass2", j), "update", b),
+            # a chain, so that one running sum (not one partial per block) is in memory
+            env = None
+            for b, z in enumerate(zs):
+                env = place(g.add((name("pass2", j), "update", b),
                                   _oom.naming_the_site(K.partial_update, site=j, step="pass 2"),
-                                  out[j], zs[b], env, rows=(b, len(zs))), b)
-                sums.append(env)
-            if len(sums) > 1:
-                env = g.add((name("pass2", j), "update", "sum"), _sum, *sums)
+                                  out[j], z, env, rows=(b, len(zs))), b)
             if checkpoint is not None:
                 env = g.add((name("pass2", j), "env"), _checkpointed, env, out[j],
                             checkpoint=checkpoint)
@@ -367,10 +376,9 @@ def _stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
     return K.on_device(read(site), device)
 
 
-def _sum(*parts: Any) -> Any:
-    """The sum of the workers' running sums (None: a worker had only empty blocks)."""
-    parts = [p for p in parts if p is not None]
-    return sum(parts[1:], parts[0]) if parts else None
+def _first(x: Any, after: Any = None) -> Any:
+    """``x``, where this task runs, once ``after`` has run (a fetch ahead of use)."""
+    return x
 
 
 def _lookahead(stack: Stack, plan: Plan) -> int:

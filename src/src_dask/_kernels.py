@@ -145,17 +145,11 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
     Lazy inputs (Dask, Zarr) reach here unread, so ``check`` tests their data
     for NaN/inf here; in-memory inputs were checked before the run.
     """
-    copied = device == "gpu" and isinstance(block, np.ndarray)
+    # A host array is tested before it moves: on the GPU the test would wait for
+    # every contraction queued before it (a device synchronisation per core).
+    if check and not all_finite(block):
+        raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
     block = on_device(block, device)
-    if check:
-        if copied:  # beside the queued contractions, not after them
-            from ._transfer import all_finite_beside
-
-            finite = all_finite_beside(block)
-        else:
-            finite = all_finite(block)
-        if not finite:
-            raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
     if site == 0:
         block = block[None]
     if site == n - 1:

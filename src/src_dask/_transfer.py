@@ -53,18 +53,6 @@ def to_device(x: Any) -> Any:
     return out
 
 
-def all_finite_beside(x: Any) -> bool:
-    """Whether CuPy array ``x`` (made by :func:`to_device` on this thread) is free of
-    NaN and inf, tested on this thread's copy stream: the host waits for the copy and
-    the test, not for the contractions queued on the kernels' stream."""
-    import cupy
-
-    stream = _copy_stream()
-    with stream:
-        bad = ~cupy.isfinite(x).all()
-        return not bool(bad.get(stream=stream))
-
-
 def _keep_until(event: Any, staging: np.ndarray) -> None:
     """Hold ``staging`` until ``event`` (its copy) has happened: a pageable copy,
     or a host synchronisation, would stall the kernels' stream instead."""
