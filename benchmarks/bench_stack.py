@@ -266,10 +266,14 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace):
             yield client, f"{n_workers} dask cuda worker processes sharing one GPU"
         return
     if device.is_gpu:
+        # a classic RMM pool (grown as needed) instead of src_dask.cluster's async one
+        pool = {"rmm_async": False, "rmm_pool_size": "16GB"} if args.rmm == "pool" else {}
         cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
                                    memory_limit=args.memory_limit, protocol=args.protocol,
-                                   local_directory=local_directory, dashboard_address=":0")
-        what = f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}): LocalCUDACluster"
+                                   local_directory=local_directory, dashboard_address=":0",
+                                   **pool)
+        what = (f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}, "
+                f"rmm={args.rmm!r}): LocalCUDACluster")
     elif device.gpus:  # --device cpu on a GPU machine: src_dask.cluster would use the GPUs
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                memory_limit=args.memory_limit, local_directory=local_directory,
@@ -408,6 +412,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="per GPU worker before spilling to host (src_dask.cluster)")
     p.add_argument("--protocol", choices=("tcp", "ucx"), default="tcp",
                    help="between GPU workers (ucx: NVLink/CUDA IPC, needs distributed-ucxx)")
+    p.add_argument("--rmm", choices=("async", "pool"), default="async",
+                   help="GPU allocator: RMM's async pool (src_dask.cluster's default) or a "
+                        "classic RMM pool (CUDA IPC between GPUs over UCX maps it once)")
     p.add_argument("--memory-limit", default="auto", help="host memory per worker before "
                    "spilling to disk")
     p.add_argument("--gemm-n", type=int, default=None,

@@ -36,14 +36,14 @@ stack)
     step transfer
     timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
     # the faster protocol between the two GPUs serves the 2-worker run
-    proto=$(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['runs'] if 'best_GBps' in x]; print(max(r, key=lambda x: x['best_GBps'])['protocol'] if r else 'tcp')" "$OUT/transfer_gpu.json")
-    step "stack dm1000 w1 (2 workers: $proto)"
+    read -r proto rmm < <(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['runs'] if 'best_GBps' in x]; b=max(r, key=lambda x: x['best_GBps']) if r else {'protocol': 'tcp', 'rmm': 'async'}; print(b['protocol'], b.get('rmm', 'async'))" "$OUT/transfer_gpu.json")
+    step "stack dm1000 w1 (2 workers: $proto, rmm $rmm)"
     python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 1 --modes memory \
         --quimb no --protocol ucx --workdir /tmp/sb1000 --out "$OUT/stack_gpu_dm1000.json" \
         >"$OUT/bench_stack_dm1000.log" 2>&1
     step "stack dm1000 w1 rc=$?"
     timeout 240 python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 2 \
-        --modes memory --quimb no --protocol "$proto" --workdir /tmp/sb1000 \
+        --modes memory --quimb no --protocol "$proto" --rmm "$rmm" --workdir /tmp/sb1000 \
         --out "$OUT/stack_gpu_dm1000_w2.json" >>"$OUT/bench_stack_dm1000.log" 2>&1
     step "stack dm1000 w2 rc=$?"
     rm -rf /tmp/sb1000
