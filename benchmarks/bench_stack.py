@@ -268,12 +268,15 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace):
     if device.is_gpu:
         # a classic RMM pool (grown as needed) instead of src_dask.cluster's async one
         pool = {"rmm_async": False, "rmm_pool_size": "16GB"} if args.rmm == "pool" else {}
+        if args.threads_per_worker:
+            pool["threads_per_worker"] = args.threads_per_worker
         cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
                                    memory_limit=args.memory_limit, protocol=args.protocol,
                                    local_directory=local_directory, dashboard_address=":0",
                                    **pool)
         what = (f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}, "
-                f"rmm={args.rmm!r}): LocalCUDACluster")
+                f"rmm={args.rmm!r}, threads_per_worker={args.threads_per_worker or 4}): "
+                "LocalCUDACluster")
     elif device.gpus:  # --device cpu on a GPU machine: src_dask.cluster would use the GPUs
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                memory_limit=args.memory_limit, local_directory=local_directory,
@@ -303,7 +306,8 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
             shutil.rmtree(store)
 
     t0 = time.perf_counter()
-    with dask.config.set({"src_dask.device": device.name}), \
+    with dask.config.set({"src_dask.device": device.name,
+                          "src_dask.keep-inputs": args.keep_inputs}), \
             bench_cluster(n_workers, device, args) as (client, what):
         startup = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -328,6 +332,7 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
     remove_store()
     calls = len(timing["times_s"]) + ("warmup_s" in timing)
     entry = {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
+             "keep_inputs": args.keep_inputs,
              **timing, "flops": flops, **rates(flops, timing["best_s"], gemm),
              "memory": memory.result(), "spilled": spilled, "calls": calls, "profile": profile,
              "cluster_startup_s": startup, "tiny_warmup_s": warm}
@@ -415,6 +420,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rmm", choices=("async", "pool"), default="async",
                    help="GPU allocator: RMM's async pool (src_dask.cluster's default) or a "
                         "classic RMM pool (CUDA IPC between GPUs over UCX maps it once)")
+    p.add_argument("--threads-per-worker", type=int, default=None,
+                   help="threads of each GPU worker (default: src_dask.cluster's, 4)")
+    p.add_argument("--keep-inputs", action="store_true",
+                   help="read the Zarr inputs once and keep them for pass 2 (the Dask config "
+                        "src_dask.keep-inputs) instead of reading them in each pass")
     p.add_argument("--memory-limit", default="auto", help="host memory per worker before "
                    "spilling to disk")
     p.add_argument("--gemm-n", type=int, default=None,

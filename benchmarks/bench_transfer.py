@@ -63,14 +63,29 @@ def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
                 "best_GBps": nbytes / min(times) / 1e9}
 
 
+def best(path: Path) -> str:
+    """``"PROTOCOL RMM"`` of the fastest run recorded in ``path`` (``tcp async`` if none)."""
+    try:
+        runs = [r for r in json.loads(path.read_text())["runs"] if "best_GBps" in r]
+    except (OSError, ValueError, KeyError):
+        runs = []
+    top = max(runs, key=lambda r: r["best_GBps"], default={})
+    return f"{top.get('protocol', 'tcp')} {top.get('rmm', 'async')}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--best", type=Path, metavar="JSON",
+                   help="only print the protocol and allocator of the fastest run in JSON")
     p.add_argument("--protocol", nargs="+", default=["tcp", "ucx"])
     p.add_argument("--rmm", nargs="+", choices=("async", "pool"), default=["async"])
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
+    if args.best:
+        print(best(args.best))
+        return
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "peer_access": _peer_access(), "runs": []}
     for protocol in args.protocol:

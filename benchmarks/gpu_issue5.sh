@@ -6,9 +6,11 @@
 #   PART=mpo    pytest -m gpu, then bench_mpo_mps.py: chi 200 500 1000 with every method,
 #               chi 2000 with quimb src and ours (quimb's zipup and src-oversample and our
 #               oversampled run take minutes each there). Wheels: device-wheels --quimb.
-#   PART=stack  bench_transfer.py (GPU to GPU over tcp and ucx), bench_stack.py: D_M=1000,
-#               chi_out=500 on 1 and 2 GPUs (the faster protocol between them), then
-#               D_M=2000, chi_out=1000 on one GPU, spilling to host memory; pytest -m gpu.
+#   PART=stack  bench_transfer.py (GPU to GPU: tcp/ucx x RMM async/pool), bench_stack.py:
+#               D_M=1000, chi_out=500 on 1 GPU (plain, 8 threads, inputs kept for pass 2)
+#               and 2 GPUs (the fastest link), then D_M=2000, chi_out=1000 on 1 GPU
+#               (spilling to host memory) and 2 GPUs; pytest -m gpu. About 15 minutes:
+#               poll $OUT/progress.txt from the following device commands.
 #               Wheels: device-wheels --ucx. Needs ~60 GB of disk for the D_M=2000 inputs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -34,23 +36,27 @@ mpo)
     ;;
 stack)
     step transfer
-    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
-    # the faster protocol between the two GPUs serves the 2-worker run
-    read -r proto rmm < <(python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['runs'] if 'best_GBps' in x]; b=max(r, key=lambda x: x['best_GBps']) if r else {'protocol': 'tcp', 'rmm': 'async'}; print(b['protocol'], b.get('rmm', 'async'))" "$OUT/transfer_gpu.json")
-    step "stack dm1000 w1 (2 workers: $proto, rmm $rmm)"
-    python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 1 --modes memory \
-        --quimb no --protocol ucx --workdir /tmp/sb1000 --out "$OUT/stack_gpu_dm1000.json" \
-        >"$OUT/bench_stack_dm1000.log" 2>&1
-    step "stack dm1000 w1 rc=$?"
-    timeout 240 python3 benchmarks/bench_stack.py --dm 1000 --chi-out 500 --workers 2 \
-        --modes memory --quimb no --protocol "$proto" --rmm "$rmm" --workdir /tmp/sb1000 \
-        --out "$OUT/stack_gpu_dm1000_w2.json" >>"$OUT/bench_stack_dm1000.log" 2>&1
-    step "stack dm1000 w2 rc=$?"
+    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool \
+        --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
+    # the fastest protocol and allocator between the two GPUs serve the 2-GPU runs
+    read -r proto rmm < <(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
+    two="--workers 2 --protocol $proto --rmm $rmm"
+    stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one JSON
+        local name=$1 dm=$2 chi=$3
+        shift 3
+        step "stack $name"
+        timeout 420 python3 benchmarks/bench_stack.py --dm "$dm" --chi-out "$chi" --modes memory \
+            --quimb no --workdir "/tmp/sb$dm" --out "$OUT/stack_gpu_$name.json" "$@" \
+            >>"$OUT/bench_stack_dm$dm.log" 2>&1
+        step "stack $name rc=$?"
+    }
+    stack dm1000 1000 500 --workers 1
+    stack dm1000_threads8 1000 500 --workers 1 --threads-per-worker 8
+    stack dm1000_keep 1000 500 --workers 1 --keep-inputs
+    stack dm1000_w2 1000 500 $two
     rm -rf /tmp/sb1000
-    python3 benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --workers 1 --modes memory \
-        --quimb no --no-compare --device-memory-limit 0.5 --workdir /tmp/sb2000 --out "$OUT" \
-        >"$OUT/bench_stack_dm2000.log" 2>&1
-    step "stack dm2000 rc=$?"
+    stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
+    stack dm2000_w2 2000 1000 $two --no-compare
     rm -rf /tmp/sb2000
     step tests
     CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -p no:cacheprovider tests/test_gpu.py \

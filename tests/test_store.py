@@ -274,3 +274,15 @@ def test_a_full_disk_fails_early(tmp_path, counts):
     finally:
         subprocess.run(["umount", str(small)], check=False)
     assert counts["sketch_step"] == 0
+
+
+def test_kept_inputs_are_read_once(saved, counts):
+    """With the Dask config ``src_dask.keep-inputs``, each input core is read once and
+    kept for pass 2; the result is the same."""
+    import dask
+
+    a, x, a2, x2 = saved
+    with dask.config.set({"src_dask.keep-inputs": True}):
+        y = src_dask.apply(a2, x2, 10, seed=0)
+    _close(y, src_dask.apply(a, x, 10, seed=0))
+    assert counts["read"] == 2 * 8

@@ -70,6 +70,9 @@ class Plan:
     to_host: bool = True  # results as NumPy arrays (else they stay on the run's device)
     # projected cores larger than this go in row blocks
     z_block_bytes: int = field(default_factory=lambda: _z_block_bytes())
+    # lazy inputs read once and kept from pass 1 to pass 2 (else read in each pass)
+    keep_inputs: bool = field(
+        default_factory=lambda: bool(dask.config.get("src_dask.keep-inputs", False)))
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -188,18 +191,19 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         ahead of their use: memory holds a few sites' inputs, not all of them). Lazy
         inputs are read anew for each pass, so no core waits in memory from pass 1 to
         pass 2, and on several GPUs by each worker that uses them (``group``): reading
-        them again beats moving them between workers. In-memory inputs are prepared
-        once for both passes."""
+        them again beats moving them between workers. In-memory inputs, and lazy ones
+        with ``plan.keep_inputs``, are prepared once for both passes."""
         keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
-            shared = K.is_in_memory(raw)
-            slot = (j, i, 0 if shared else group)
-            if not (shared and slot in loaded):
-                key = (name("load", j), 0 if shared else sweep, i) + ((group,) if group else ())
+            lazy = not K.is_in_memory(raw)
+            once = not lazy or plan.keep_inputs
+            slot = (j, i, group if lazy else 0)
+            if not (once and slot in loaded):
+                key = (name("load", j), 0 if once else sweep, i) + ((group,) if group else ())
                 # the data of lazy inputs is checked once: in pass 1, or in pass 2 for
                 # the last site (pass 1 stops before it) and when an earlier run did pass 1
-                check = not shared and (sweep == 1 or j == n - 1 or not todo)
+                check = lazy and (sweep == 1 or j == n - 1 or not todo)
                 loaded[slot] = g.add(key, _prepare, g.array(f.train.source(j), after), after,
                                      kind=f.train.kind, site=j, n=n, transpose=f.transpose,
                                      dtype=stack.dtype, check=check,
