@@ -56,3 +56,22 @@ def test_bench_stack_quick(tmp_path):
         assert e["spilled"]["total_bytes"] == 0
         assert e["core_diff_vs_first"] < 1e-10  # the sketch depends on the seed alone
     assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
+
+
+def test_bench_transfer_best_picks_the_fastest_link(tmp_path):
+    """``bench_transfer.py --best`` (which the 2-GPU runs of gpu_issue5.sh use) names the
+    fastest protocol and allocator, and falls back to tcp/async without a record."""
+    record = tmp_path / "transfer.json"
+    record.write_text(json.dumps({"runs": [
+        {"protocol": "tcp", "rmm": "async", "best_GBps": 1.0},
+        {"protocol": "ucx", "rmm": "pool", "best_GBps": 40.0},
+        {"protocol": "ucx", "rmm": "async", "error": "RuntimeError()"}]}))
+
+    def best(path: Path) -> str:
+        done = subprocess.run([sys.executable, str(BENCH / "bench_transfer.py"), "--best",
+                               str(path)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip()
+
+    assert best(record) == "ucx pool"
+    assert best(tmp_path / "missing.json") == "tcp async"
