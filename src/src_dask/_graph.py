@@ -15,8 +15,9 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     then one task for the QR, the update of ``S`` and the projected core ``Z``
     of the next site. A projected core over ``Plan.z_block_bytes`` (the stack's
     physical legs multiply its size) is instead made by one task per block of
-    its rows, so that it is computed, kept and spilled in pieces, and each
-    block adds its share of the next ``S`` to a running sum where it is. On
+    its rows, so that it is computed, kept and spilled in pieces; the QR task
+    sums the next ``S`` from the blocks, or, with the blocks spread over CPU
+    workers, each block adds its share to a running sum where it is. On
     several GPUs pass 2 runs on the first worker (``fetch`` tasks bring the
     other workers' blocks of ``C_j`` to it ahead of use);
 ``round_site<j>``
@@ -281,19 +282,20 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # physical dimensions up·down), not Z to C_j.
             pieces.append([g.pin(k, c) for k in row] if plan.device == "cpu" else
                           [place(k, 0) for k in row])
-        # Z in blocks: each block adds its share of S_{j-1} where the block is (moving
-        # the S-sized running sum, not Z). Z whole: the QR task does it all.
-        split = len(zs) > 1
-        whole = not split and z_blocks[j - 1] == 1
+        # Z in blocks over several CPU workers: each block adds its share of S_{j-1}
+        # where the block is (moving the S-sized running sum, not Z). Z in one place: the
+        # QR task does it all (a task hop per block less on the critical path).
+        chain = len(zs) > 1 and plan.device == "cpu" and len(g.workers) > 1
+        whole = not chain and z_blocks[j - 1] == 1
         checkpoint = partial(store.write_pass2, j) if store else None
-        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if split else zs,
+        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if chain else zs,
                       cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
                       cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
-                      checkpoint=None if split else checkpoint)
+                      checkpoint=None if chain else checkpoint)
         if home:
             g.pin(state, 0)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
-        if split:
+        if chain:
             # a chain, so that one running sum (not one partial per block) is in memory
             env = None
             for b, z in enumerate(zs):
