@@ -17,8 +17,6 @@ import json
 import time
 from pathlib import Path
 
-import src_dask
-
 
 def _make(nbytes: int):
     import cupy
@@ -46,6 +44,8 @@ def _peer_access() -> dict:
 
 def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
     from distributed import Client, wait
+
+    import src_dask
 
     allocator = {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
     with src_dask.cluster(gpus=2, protocol=protocol, **allocator) as cluster, \
