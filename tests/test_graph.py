@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dask
 import numpy as np
 import pytest
@@ -136,7 +138,6 @@ def test_blocks_stay_on_their_worker(cluster_client):
 
 def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
     import threading
-    import time
 
     from distributed import Client, LocalCluster
 
@@ -292,3 +293,19 @@ def test_pass_2_on_one_worker_gives_the_same_result(cluster_client, monkeypatch)
     assert ran[("qr",)] == ran[("fetch",)] == ran[("project",)]
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_cores_come_back_one_by_one_and_nothing_stays_on_the_cluster(cluster_client):
+    """On a cluster each output core is fetched when it is final (one future per core,
+    not one list at the end), and the run leaves no task or data on the scheduler."""
+    from distributed import get_task_stream
+
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    with get_task_stream(client=cluster_client) as stream:
+        y = src_dask.apply(a, x, 12, seed=0, client=cluster_client)
+    assert rel_err(y, dense_product(a, x)) <= 1e-12
+    assert not [t for t in stream.data if key_split(t["key"]) == "src_result"]
+    deadline = time.time() + 10
+    while cluster_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+        assert time.time() < deadline, "tasks left on the scheduler"
+        time.sleep(0.05)

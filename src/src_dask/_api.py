@@ -135,11 +135,33 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         2 * in_graph)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
             _progress.watch(graph, client, progress, performance_report, summary):
-        (cores,) = dask.compute(graph, scheduler=client)
+        cores = _compute(graph, client)
     if run is not None:
         run.mark_complete()
         return run.result(stack.kind)
     return TensorTrain(list(cores), stack.kind, name="result")
+
+
+def _compute(graph: Any, client: Any) -> list[Any]:
+    """The output cores of ``graph``. On a cluster each core travels to the client as
+    soon as it is final, while pass 2 goes on (still one graph, one submission),
+    instead of all of them in one message at the end (3.2 GB for the D_M=1000 stack)."""
+    if client is None:
+        (cores,) = dask.compute(graph)
+        return list(cores)
+    from distributed import as_completed
+
+    futures = client.compute(_graph.outputs(graph))
+    where = {f.key: j for j, f in enumerate(futures)}
+    cores: list[Any] = [None] * len(futures)
+    try:
+        for future, core in as_completed(futures, loop=client.loop, with_results=True):
+            cores[where[future.key]] = core
+            future.release()
+    except BaseException:  # a failure or an interrupt stops the rest of the run
+        client.cancel(futures)
+        raise
+    return cores
 
 
 def apply(mpo: Any, x: Any, chi_out: int, **options: Any) -> TensorTrain:

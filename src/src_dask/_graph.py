@@ -327,6 +327,13 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     return g.delayed(g.add(f"src_result-{token}", list, results))
 
 
+def outputs(graph: Delayed) -> list[Delayed]:
+    """One Delayed per output core of ``graph`` (a :func:`build` result), over the same
+    graph: a client can fetch each core as soon as it is final."""
+    _, keys = graph.dask[graph.key]
+    return [Delayed(k, graph.dask, layer=graph.key) for k in keys]
+
+
 def _pass1_task(env: Any, cores: list[Any], *, site: int, start: int, stop: int, run: str,
                 store: RunStore | None, block: int, last: bool, seed_key: int,
                 legs: tuple[int, int]) -> Any:

@@ -128,7 +128,9 @@ class Tally:
 
     def __init__(self, keys: Iterable[Any], token: str) -> None:
         self.suffix = "-" + token
-        self.total = Counter(key_split(k) for k in keys if _ours(k, self.suffix))
+        # the final list of cores is not a step (on a cluster it is not even run)
+        self.total = Counter(p for k in keys if _ours(k, self.suffix)
+                             and (p := key_split(k)) != "src_result")
         self.done: Counter[str] = Counter()
         self.started = time.perf_counter()
         steps = [(m[1], int(m[2])) for p in self.total if (m := _PREFIX.fullmatch(p))]
