@@ -232,3 +232,29 @@ def test_error_messages_are_one_line():
     with pytest.raises(ValueError) as info:
         src_dask.apply(a, random_mps(5, phys=3, seed=0), 4)
     assert "\n" not in str(info.value) and re.search(r"site \d", str(info.value))
+
+
+def test_all_gpu_inputs_run_on_the_synchronous_scheduler(monkeypatch):
+    """CuPy in, CuPy out without a client: every task only queues kernels, so the graph
+    runs on Dask's synchronous scheduler, unless the Dask config names a scheduler."""
+    import dask
+
+    from src_dask import _api
+
+    used = []
+    compute = dask.compute
+
+    def spy(*args, **kwargs):
+        used.append(kwargs.get("scheduler"))
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(dask, "compute", spy)
+    a, x = _problem()
+    ref = src_dask.apply(a, x, 4, seed=0)
+    monkeypatch.setattr(_api, "_is_cupy", lambda c: True)  # as if every core were CuPy
+    y = src_dask.apply(a, x, 4, seed=0)
+    with dask.config.set(scheduler="threads"):
+        src_dask.apply(a, x, 4, seed=0)
+    assert used == [None, "sync", None]
+    for c, c0 in zip(y, ref, strict=True):
+        np.testing.assert_allclose(c, c0, rtol=0, atol=1e-12 * np.abs(c0).max())

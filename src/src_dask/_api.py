@@ -135,19 +135,26 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         2 * in_graph)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
             _progress.watch(graph, client, progress, performance_report, summary):
-        cores = _compute(graph, client)
+        cores = _compute(graph, client, launch_only=not plan.to_host)
     if run is not None:
         run.mark_complete()
         return run.result(stack.kind)
     return TensorTrain(list(cores), stack.kind, name="result")
 
 
-def _compute(graph: Any, client: Any) -> list[Any]:
+def _compute(graph: Any, client: Any, launch_only: bool = False) -> list[Any]:
     """The output cores of ``graph``. On a cluster each core travels to the client as
     soon as it is final, while pass 2 goes on (still one graph, one submission),
-    instead of all of them in one message at the end (3.2 GB for the D_M=1000 stack)."""
+    instead of all of them in one message at the end (3.2 GB for the D_M=1000 stack).
+
+    ``launch_only``: every task only queues GPU kernels (CuPy inputs, CuPy results),
+    so threads have nothing to overlap and Dask's synchronous scheduler, with half
+    the threaded one's overhead a task, runs the graph, unless the Dask config
+    names a scheduler.
+    """
     if client is None:
-        (cores,) = dask.compute(graph)
+        sync = launch_only and dask.config.get("scheduler", None) is None
+        (cores,) = dask.compute(graph, scheduler="sync" if sync else None)
         return list(cores)
     from distributed import as_completed
 
