@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import socket
@@ -499,10 +500,12 @@ def best_of(fn: Callable[[], Any], repeats: int, own_cpu: Callable[[], float] = 
     return out, result
 
 
-def task_profile(stream: list[dict[str, Any]]) -> dict[str, Any]:
+def task_profile(stream: list[dict[str, Any]],
+                 busy: Callable[[float, float], float | None] | None = None) -> dict[str, Any]:
     """Where a cluster run's time went, from distributed's task stream: per step
     (``pass1``, ``pass2.project``, ``pass2.qr``, ...) the tasks' summed compute,
-    transfer and disk (spilling) seconds, and the wall span of each pass."""
+    transfer and disk (spilling) seconds, and the wall span of each pass (with
+    ``busy``, e.g. :meth:`PeakMemory.busy_between`, the GPU's mean utilisation in it)."""
     from dask.utils import key_split
 
     steps: dict[str, dict[str, float]] = {}
@@ -522,8 +525,9 @@ def task_profile(stream: list[dict[str, Any]]) -> dict[str, Any]:
                 span = spans.setdefault(step.split(".")[0], [ss["start"], ss["stop"]])
                 span[0], span[1] = min(span[0], ss["start"]), max(span[1], ss["stop"])
     per_step = {k: {m: round(v, 4) for m, v in e.items()} for k, e in sorted(steps.items())}
+    gpu = {f"{p}_gpu_busy_percent": busy(a, b) for p, (a, b) in spans.items()} if busy else {}
     return {"per_step": per_step,
-            **{f"{p}_span_s": round(b - a, 4) for p, (a, b) in spans.items()}}
+            **{f"{p}_span_s": round(b - a, 4) for p, (a, b) in spans.items()}, **gpu}
 
 
 def cluster_cpu(client) -> Callable[[], float]:
@@ -590,14 +594,17 @@ class _DeviceMemory:
             self.nvml = None
 
     def sample(self) -> dict[str, int]:
+        busy = {}
         if self.nvml is not None:
             pynvml, handle = self.nvml
             used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            # percent of NVML's last sample period with a kernel running on the device
+            busy = {"gpu_busy": int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)}
         else:
             free, total = self.cupy.cuda.runtime.memGetInfo()
             used = int(total - free)
         return {"device_used": used, "pool_used": int(self.pool.used_bytes()),
-                "pool_total": int(self.pool.total_bytes())}
+                "pool_total": int(self.pool.total_bytes()), **busy}
 
 
 class PeakMemory:
@@ -616,6 +623,7 @@ class PeakMemory:
         self.interval = interval
         self.peak: dict[str, int] = {}
         self.baseline: dict[str, int] = {}
+        self.busy: list[tuple[float, int]] = []  # (time.time(), GPU utilisation percent)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -626,8 +634,18 @@ class PeakMemory:
         return out
 
     def _record(self) -> None:
-        for key, value in self._sample().items():
+        sample = self._sample()
+        busy = sample.pop("gpu_busy", None)
+        if busy is not None:
+            self.busy.append((time.time(), busy))
+        for key, value in sample.items():
             self.peak[key] = max(self.peak.get(key, 0), value)
+
+    def busy_between(self, start: float, stop: float) -> float | None:
+        """Mean GPU utilisation (percent, NVML, the first GPU) sampled between two
+        ``time.time()`` instants; None without NVML samples there."""
+        values = [b for t, b in self.busy if start <= t <= stop]
+        return round(sum(values) / len(values), 1) if values else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -635,6 +653,7 @@ class PeakMemory:
 
     def __enter__(self) -> PeakMemory:
         self.baseline = self._sample()
+        self.baseline.pop("gpu_busy", None)
         self.peak = dict(self.baseline)
         self._thread.start()
         return self
@@ -650,6 +669,7 @@ class PeakMemory:
         for key in ("host_rss", "device_used", "pool_used", "pool_total"):
             out[f"peak_{key}_bytes"] = self.peak.get(key)
             out[f"baseline_{key}_bytes"] = self.baseline.get(key)
+        out["mean_gpu_busy_percent"] = self.busy_between(-math.inf, math.inf)
         return out
 
 

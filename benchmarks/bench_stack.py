@@ -326,7 +326,7 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
                                      setup=remove_store, warmup=args.full_warmup)
         spilled = spilled_between(before, spill_counters(client))
         # where the time went (summed over the timed calls; one by default)
-        profile = task_profile(stream.data)
+        profile = task_profile(stream.data, busy=memory.busy_between)
         # a stored result's cores are read from the store, which goes next
         result = src_dask.TensorTrain(result.to_numpy(), result.kind) if keep else None
     remove_store()
@@ -382,9 +382,12 @@ def print_table(record: dict[str, Any]) -> None:
             busy = ", ".join(f"{step} {v.get('compute_s', 0):.1f}+{v.get('transfer_s', 0):.1f}"
                              f"+{v.get('disk_s', 0):.1f}" for step, v in prof["per_step"].items()
                              if v.get("compute_s", 0) + v.get("transfer_s", 0) > 0.05)
-            print(f"{key}: pass 1 {prof.get('pass1_span_s', 0):.1f} s, pass 2 "
-                  f"{prof.get('pass2_span_s', 0):.1f} s; task seconds compute+transfer+disk: "
-                  f"{busy}")
+            spans = []
+            for p in ("pass1", "pass2"):
+                gpu = prof.get(f"{p}_gpu_busy_percent")
+                spans.append(f"pass {p[-1]} {prof.get(f'{p}_span_s', 0):.1f} s"
+                             + (f" (GPU busy {gpu:.0f} %)" if gpu is not None else ""))
+            print(f"{key}: {', '.join(spans)}; task seconds compute+transfer+disk: {busy}")
     for t in record.get("targets", []):
         print(f"target {t['run']}: {t['seconds']:.1f} s (<= {t['seconds_max']}), "
               f"{t['fraction_of_gemm']:.1%} of GEMM (>= {t['fraction_min']:.0%}): "

@@ -82,7 +82,7 @@ def test_cluster_watcher_counts_every_task(cluster_client):
 
     watcher = _progress.ClusterWatcher(cluster_client, tally, Quiet(), interval=0.02)
     with watcher:
-        cluster_client.compute(graph).result()
+        cluster_client.gather(cluster_client.compute(_graph.outputs(graph)))  # as src does
         deadline = time.monotonic() + 5
         while tally.counts()[0] < tally.counts()[1] and time.monotonic() < deadline:
             time.sleep(0.02)
