@@ -75,3 +75,32 @@ def test_bench_transfer_best_picks_the_fastest_link(tmp_path):
 
     assert best(record) == "ucx pool"
     assert best(tmp_path / "missing.json") == "tcp async"
+
+
+def test_plot_stack_draws_the_recorded_runs(tmp_path):
+    """``plot_stack.py`` turns bench_stack records into one bar per run and size (wall
+    time split at the end of pass 1, the FLOP floor at the run's GEMM rate), and into a
+    PNG where matplotlib is installed."""
+    import importlib.util
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import plot_stack
+    finally:
+        sys.path.remove(str(BENCH))
+    paths = sorted((BENCH / "results").glob("stack_gpu_dm*.json"))
+    records = [json.loads(p.read_text()) for p in paths]
+    groups = plot_stack.bars(records)
+    assert set(groups) == {(r["problem"]["dm"], r["problem"]["chi_out"]) for r in records}
+    assert sum(map(len, groups.values())) == sum(
+        "best_s" in run for r in records for run in r["runs"].values())
+    for runs in groups.values():
+        for bar in runs:
+            assert 0 < bar["pass1"] <= bar["total"] and 0 < bar["floor"] < bar["total"]
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    out = tmp_path / "stack.png"
+    done = subprocess.run([sys.executable, str(BENCH / "plot_stack.py"), *map(str, paths),
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,80 @@
+# ruff: noqa: T201
+"""A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest,
+against the issue's time target and the FLOP floor at the GEMM rate of its run.
+
+    python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
+    (writes benchmarks/results/stack_gpu.png; --out elsewhere)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+TARGET_S = {(1000, 500): 22.0, (2000, 1000): 175.0}
+
+
+def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
+    """Per problem size, one bar per timed run: label, pass 1, the rest, floor."""
+    out: dict[tuple[int, int], list[dict]] = {}
+    for rec in sorted(records, key=lambda r: r["date"]):
+        size = (rec["problem"]["dm"], rec["problem"]["chi_out"])
+        floor = rec["flops"]["total"] / (rec["gemm_complex128"]["tflops"] * 1e12)
+        for run in rec["runs"].values():
+            if "best_s" not in run:
+                continue
+            pass1 = run.get("profile", {}).get("pass1_span_s", 0.0)
+            link = "" if run["workers"] == 1 else (" ucx" if "'ucx'" in run["cluster"]
+                                                   else " tcp")
+            gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
+            label = f"{rec['date'][11:16]}Z {gpus}{link}"
+            out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
+                                             "total": run["best_s"], "floor": floor})
+    return out
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = bars(records)
+    height = 1.2 + 0.55 * sum(map(len, groups.values()))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, height), squeeze=False)
+    for ax, (size, runs) in zip(axes[:, 0], sorted(groups.items()), strict=True):
+        y = range(len(runs))
+        ax.barh(y, [r["pass1"] for r in runs], color="tab:blue", label="pass 1")
+        ax.barh(y, [r["total"] - r["pass1"] for r in runs], left=[r["pass1"] for r in runs],
+                color="tab:orange", label="pass 2 and the rest")
+        ax.set_yticks(list(y), [r["label"] for r in runs])
+        ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at GEMM rate")
+        if size in TARGET_S:
+            ax.axvline(TARGET_S[size], color="tab:red", ls="--", label="target")
+        longest = max(r["total"] for r in runs)
+        limit = min(4 * TARGET_S.get(size, longest), 1.3 * longest)
+        ax.set_xlim(0, limit)
+        for i, r in enumerate(runs):  # the time written at the end of the bar (or the axis)
+            ax.text(min(r["total"], limit) * 0.99, i, f"{r['total']:.1f} s",
+                    ha="right" if r["total"] > limit * 0.8 else "left", va="center",
+                    fontsize=7)
+        ax.set_title(f"stack N·V·M·U, D_M={size[0]}, chi_out={size[1]}, complex128, H200",
+                     fontsize=9)
+        ax.set_xlabel("seconds")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("records", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/stack_gpu.png"))
+    args = p.parse_args()
+    plot([json.loads(r.read_text()) for r in args.records], args.out)
+
+
+if __name__ == "__main__":
+    main()
