@@ -314,9 +314,13 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
         src_dask.src(*tiny_stack(args.phys), chi_out=4, seed=0, client=client)
         warm = time.perf_counter() - t0
 
+        report = None
+        if args.report is not None:  # Dask's performance report of the (last) timed call
+            report = str(args.report.with_name(f"{args.report.stem}_w{n_workers}_{mode}.html"))
+
         def run():
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
-                                client=client, store=store)
+                                client=client, store=store, performance_report=report)
 
         from distributed import get_task_stream
 
@@ -428,6 +432,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-inputs", action="store_true",
                    help="read the Zarr inputs once and keep them for pass 2 (the Dask config "
                         "src_dask.keep-inputs) instead of reading them in each pass")
+    p.add_argument("--report", type=Path, default=None, metavar="PATH.html",
+                   help="write Dask's performance report of each configuration's timed call "
+                        "(PATH_w<workers>_<mode>.html): task stream, transfers, profile")
     p.add_argument("--memory-limit", default="auto", help="host memory per worker before "
                    "spilling to disk")
     p.add_argument("--gemm-n", type=int, default=None,

@@ -62,7 +62,7 @@ part_stack() {
     read -r proto rmm < <(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
     proto=${proto:-tcp} rmm=${rmm:-async}
     step "2-GPU runs: $proto, RMM $rmm"
-    stack dm1000 1000 500 --workers 1
+    stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
     stack dm1000_threads8 1000 500 --workers 1 --threads-per-worker 8
     stack dm1000_keep 1000 500 --workers 1 --keep-inputs
     stack dm1000_w2 1000 500 --workers 2 --protocol "$proto" --rmm "$rmm"
