@@ -191,15 +191,15 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         """Site j's cores for one pass, read and moved once ``after`` has run (a few sites
         ahead of their use: memory holds a few sites' inputs, not all of them). Lazy
         inputs are read anew for each pass, so no core waits in memory from pass 1 to
-        pass 2, and on several GPUs by each worker that uses them (``group``): reading
-        them again beats moving them between workers. In-memory inputs, and lazy ones
-        with ``plan.keep_inputs``, are prepared once for both passes."""
+        pass 2. In-memory inputs, and lazy ones with ``plan.keep_inputs``, are prepared
+        once for both passes. On several GPUs each worker that uses a core (``group``)
+        prepares its own: reading it again beats moving it between GPUs."""
         keys = []
         for i, f in enumerate(stack.factors):
             raw = f.train[j]
             lazy = not K.is_in_memory(raw)
             once = not lazy or plan.keep_inputs
-            slot = (j, i, group if lazy else 0)
+            slot = (j, i, group)
             if not (once and slot in loaded):
                 key = (name("load", j), 0 if once else sweep, i) + ((group,) if group else ())
                 # the data of lazy inputs is checked once: in pass 1, or in pass 2 for
@@ -261,8 +261,10 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
                         cores2[j], env, rows=(b, m))
                   for b in range(m)]
-            if m > 1 or home:  # on CPUs spread over the workers; the sketch and update
-                zs = [place(z, b) for b, z in enumerate(zs)]  # of a block follow it
+            # row blocks spread over CPU workers (the sketch and update of a block follow
+            # it); all of pass 2 on the first of several GPUs
+            if m > 1 or home:
+                zs = [place(z, b) for b, z in enumerate(zs)]
         if j == 0:
             break
         pieces = []
