@@ -607,6 +607,13 @@ class _DeviceMemory:
                 "pool_total": int(self.pool.total_bytes()), **busy}
 
 
+def rmm_options(rmm: str) -> dict[str, Any]:
+    """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (its default,
+    stream-ordered pool) or ``"pool"`` (a classic RMM pool grown as needed, which
+    CUDA IPC between GPUs over UCX maps once)."""
+    return {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
+
+
 class PeakMemory:
     """Peak memory while the ``with`` block runs, sampled every ``interval`` seconds.
 

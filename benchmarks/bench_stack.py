@@ -62,6 +62,7 @@ from _common import (
     padded,
     print_header,
     rates,
+    rmm_options,
     run_gemm,
     run_record,
     spill_counters,
@@ -266,14 +267,13 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace):
             yield client, f"{n_workers} dask cuda worker processes sharing one GPU"
         return
     if device.is_gpu:
-        # a classic RMM pool (grown as needed) instead of src_dask.cluster's async one
-        pool = {"rmm_async": False, "rmm_pool_size": "16GB"} if args.rmm == "pool" else {}
+        options = rmm_options(args.rmm)
         if args.threads_per_worker:
-            pool["threads_per_worker"] = args.threads_per_worker
+            options["threads_per_worker"] = args.threads_per_worker
         cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
                                    memory_limit=args.memory_limit, protocol=args.protocol,
                                    local_directory=local_directory, dashboard_address=":0",
-                                   **pool)
+                                   **options)
         what = (f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}, "
                 f"rmm={args.rmm!r}, threads_per_worker={args.threads_per_worker or 4}): "
                 "LocalCUDACluster")

@@ -43,11 +43,12 @@ def _peer_access() -> dict:
 
 
 def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
+    from _common import rmm_options
     from distributed import Client, wait
 
     import src_dask
 
-    allocator = {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
+    allocator = rmm_options(rmm)
     with src_dask.cluster(gpus=2, protocol=protocol, **allocator) as cluster, \
             Client(cluster) as client:
         w0, w1 = sorted(client.scheduler_info()["workers"])

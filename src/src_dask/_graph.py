@@ -152,9 +152,9 @@ class _Graph:
         return (x.name,) + (0,) * x.ndim
 
     def groups(self) -> int:
-        """How many workers read their own copy of the lazy inputs: every GPU worker
+        """How many workers prepare their own copy of the inputs: every GPU worker
         (moving a core between GPUs costs more than reading it again), one otherwise
-        (each core is read once per pass)."""
+        (each lazy core is read once per pass)."""
         return len(self.workers) if self.device == "gpu" and len(self.workers) > 1 else 1
 
     def delayed(self, key: str) -> Delayed:
@@ -241,10 +241,13 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     def place(key: Any, b: int) -> Any:
         return g.pin(key, 0 if home else b)
 
+    def ahead_of(j: int) -> Any:
+        """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
+        return (name("pass2", j + ahead), "core") if j + ahead < n else None
+
     out: list[Any] = [None] * n
     first = progress.pass2_next if progress else n - 1
-    cores2 = {j: load(j, 2, (name("pass2", j + ahead), "core") if j + ahead < n else None)
-              for j in range(first + 1)}
+    cores2 = {j: load(j, 2, ahead_of(j)) for j in range(first + 1)}
     env = None  # S = 1 right of the last site
     if first < n - 1:
         env = g.add((name("pass2", first), "resume"), _stored, store=store,
@@ -273,9 +276,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             # does it) has written it
             block_env = envs[j][c] if store is None else envs[n - 1][c]
             if home and store is None and c % groups:
-                gate = (name("pass2", j + ahead), "core") if j + ahead < n else None
                 block_env = g.pin(g.add((name("pass2", j), "fetch", c), _first, block_env,
-                                        gate), 0)
+                                        ahead_of(j)), 0)
             row = [g.add((name("pass2", j), "sketch", b, c), _piece_task, block_env, z, site=j,
                          start=start, stop=stop, run=token, store=store)
                    for b, z in enumerate(zs)]
