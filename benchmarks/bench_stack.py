@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -291,6 +292,31 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace):
 
 
 # -- one configuration ------------------------------------------------------------------
+class _KeptInputs(logging.Handler):
+    """What src_dask decided about keeping the inputs for pass 2 (from its log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.decision: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "lazy inputs" in message:
+            self.decision = message.removeprefix("src: ")
+
+    def __enter__(self) -> _KeptInputs:
+        log = logging.getLogger("src_dask")
+        self.level_before = log.level
+        log.setLevel(logging.INFO)
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        log = logging.getLogger("src_dask")
+        log.removeHandler(self)
+        log.setLevel(self.level_before)
+
+
 def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, device: Device,
                flops: float, gemm: dict[str, Any], keep: bool) -> tuple[dict[str, Any], Any]:
     """Start a cluster, warm it up, time ``src_dask.src`` on the stack, read its spilling.
@@ -307,7 +333,9 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
 
     t0 = time.perf_counter()
     with dask.config.set({"src_dask.device": device.name,
-                          "src_dask.keep-inputs": args.keep_inputs}), \
+                          "src_dask.keep-inputs": {"auto": "auto", "yes": True,
+                                                   "no": False}[args.keep_inputs]}), \
+            _KeptInputs() as kept, \
             bench_cluster(n_workers, device, args) as (client, what):
         startup = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -336,7 +364,7 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
     remove_store()
     calls = len(timing["times_s"]) + ("warmup_s" in timing)
     entry = {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
-             "keep_inputs": args.keep_inputs,
+             "keep_inputs": {"option": args.keep_inputs, "decision": kept.decision},
              **timing, "flops": flops, **rates(flops, timing["best_s"], gemm),
              "memory": memory.result(), "spilled": spilled, "calls": calls, "profile": profile,
              "cluster_startup_s": startup, "tiny_warmup_s": warm}
@@ -429,9 +457,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "classic RMM pool (CUDA IPC between GPUs over UCX maps it once)")
     p.add_argument("--threads-per-worker", type=int, default=None,
                    help="threads of each GPU worker (default: src_dask.cluster's, 4)")
-    p.add_argument("--keep-inputs", action="store_true",
-                   help="read the Zarr inputs once and keep them for pass 2 (the Dask config "
-                        "src_dask.keep-inputs) instead of reading them in each pass")
+    p.add_argument("--keep-inputs", choices=("auto", "yes", "no"), default="auto",
+                   help="the Dask config src_dask.keep-inputs: read the Zarr inputs once and "
+                        "keep them for pass 2 (yes), read them in each pass (no), or let "
+                        "src_dask decide from their size and the worker's memory (auto)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH.html",
                    help="write Dask's performance report of each configuration's timed call "
                         "(PATH_w<workers>_<mode>.html): task stream, transfers, profile")

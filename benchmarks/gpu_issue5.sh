@@ -7,12 +7,14 @@
 #   PART=mpo    bench_mpo_mps.py: chi 200 500 1000 with every method, chi 2000 with
 #               quimb src and ours (quimb's zipup and src-oversample and our oversampled
 #               run take minutes each there); about 6 minutes. Needs quimb's wheels.
-#   PART=stack  bench_transfer.py (GPU to GPU: tcp/ucx x RMM async/pool), bench_stack.py:
-#               D_M=1000, chi_out=500 on 1 GPU (plain, 8 threads, inputs kept for pass 2)
-#               and 2 GPUs (the fastest link), then D_M=2000, chi_out=1000 on 1 GPU
-#               (spilling to host memory) and 2 GPUs; about 15 minutes on nvidia-h200-x2.
-#               Needs the UCX wheels and ~60 GB of disk for the D_M=2000 inputs.
-#   PART=all    tests, mpo, stack (the default). Wheels for all of it:
+#   PART=mpo1000 the same at chi=1000 only, quimb src against ours (about 1 minute).
+#   PART=stack1 bench_stack.py on 1 GPU: D_M=1000, chi_out=500 (src_dask's defaults, and
+#               with the inputs read in each pass), then D_M=2000, chi_out=1000 (spilling).
+#               About 8 minutes; ~60 GB of disk for the inputs (use nvidia-h200-x2).
+#   PART=stack2 bench_transfer.py (GPU to GPU: tcp/ucx x RMM async/pool; LINK="tcp async"
+#               skips it), then the same two problems on 2 GPUs over the fastest link.
+#               Needs the UCX wheels and the inputs stack1 wrote.
+#   PART="tests stack1 mpo stack2" is the default. Wheels for all of it:
 #               ../shared/tools/device-wheels --ucx --quimb (63 MiB: just fits a run).
 # A device command brings everything back in one file (8 files at most come back):
 #   tar czf "$OUT/issue5.tgz" -C /tmp/issue5 .
@@ -43,6 +45,14 @@ part_mpo() {
     step "mpo_mps 2000 rc=$?"
 }
 
+part_mpo1000() {  # chi=1000 only, against quimb src
+    step "mpo_mps 1000"
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_mpo_mps.py --chi 1000 --repeats 3 --no-zipup \
+        --no-quimb-oversample --no-oversample --error-max-chi 0 --out "$OUT" \
+        >"$OUT/bench_mpo_mps.log" 2>&1
+    step "mpo_mps 1000 rc=$?"
+}
+
 stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one JSON
     local name=$1 dm=$2 chi=$3
     shift 3
@@ -53,30 +63,35 @@ stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one
     step "stack $name rc=$?"
 }
 
-part_stack() {
-    step transfer
-    timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool \
-        --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
-    # the fastest protocol and allocator between the two GPUs serve the 2-GPU runs
-    local proto rmm
-    read -r proto rmm < <(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
-    proto=${proto:-tcp} rmm=${rmm:-async}
+link() {  # the fastest protocol and RMM allocator between the two GPUs (LINK="tcp async" skips)
+    if [ -z "${LINK:-}" ]; then
+        step transfer
+        timeout 180 python3 benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool \
+            --out "$OUT" >"$OUT/bench_transfer.log" 2>&1
+        LINK=$(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
+    fi
+    read -r proto rmm <<<"${LINK:-tcp async}"
     step "2-GPU runs: $proto, RMM $rmm"
-    stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
-    stack dm1000_threads8 1000 500 --workers 1 --threads-per-worker 8
-    stack dm1000_keep 1000 500 --workers 1 --keep-inputs
-    stack dm1000_w2 1000 500 --workers 2 --protocol "$proto" --rmm "$rmm"
-    rm -rf /tmp/sb1000
-    stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
-    stack dm2000_w2 2000 1000 --workers 2 --protocol "$proto" --rmm "$rmm" --no-compare
-    rm -rf /tmp/sb2000
 }
 
-case ${PART:-all} in
-tests) part_tests ;;
-mpo) part_mpo ;;
-stack) part_stack ;;
-all) part_tests; part_mpo; part_stack ;;
-*) echo "PART must be tests, mpo, stack or all" >&2; exit 2 ;;
-esac
+part_stack1() {  # one GPU: the targets, with src_dask's defaults (inputs kept when they fit)
+    stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
+    stack dm1000_reread 1000 500 --workers 1 --keep-inputs no
+    stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
+}
+
+part_stack2() {  # two GPUs on the same problems (inputs from part_stack1 reused)
+    local proto rmm
+    link
+    stack dm1000_w2 1000 500 --workers 2 --protocol "$proto" --rmm "$rmm"
+    stack dm2000_w2 2000 1000 --workers 2 --protocol "$proto" --rmm "$rmm" --no-compare
+}
+
+# PART is a list run in order, e.g. PART="tests stack1 mpo stack2" (the default)
+for part in ${PART:-tests stack1 mpo stack2}; do
+    case $part in
+    tests | mpo | mpo1000 | stack1 | stack2) "part_$part" ;;
+    *) echo "PART entries must be tests, mpo, mpo1000, stack1 or stack2" >&2; exit 2 ;;
+    esac
+done
 step done

@@ -178,6 +178,28 @@ def test_nan_in_lazy_input_names_the_site(site):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+def test_finite_check_finds_every_nan_and_inf_and_no_false_one(dtype):
+    """The NaN/inf test of the cores (a sum first, element by element when the sum is
+    not finite): each bad value in the real or the imaginary part is found, and
+    finite values whose sum overflows are not reported."""
+    from src_dask._kernels import all_finite
+
+    big = np.finfo(dtype).max
+    assert all_finite(np.full(8, big, dtype))  # the sum overflows, the values are finite
+    assert all_finite(np.array([big, -big], dtype))
+    parts = [1, 1j] if np.dtype(dtype).kind == "c" else [1]
+    for bad in (np.nan, np.inf, -np.inf):
+        for part in parts:
+            x = np.ones((3, 4), dtype)
+            x[2, 1] = bad * part if part == 1 else complex(1, bad)
+            assert not all_finite(x), (bad, part)
+            y = np.ones((3, 4), dtype)
+            y[0, 0], y[1, 1] = np.inf * (part if part == 1 else 1), -np.inf
+            assert not all_finite(y)  # inf - inf = NaN: still caught
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_overflow_never_gives_a_nan_result():
     x = random_mps(6, 3, dtype=np.float32, seed=0)
     huge = TensorTrain([c * np.float32(1e30) for c in x])

@@ -66,6 +66,27 @@ def test_save_and_open_round_trip(saved, tmp_path):
     np.testing.assert_array_equal(a2.to_dense(), a.to_dense())
 
 
+def test_pinned_read_fills_the_buffer_from_every_chunk(saved, tmp_path, monkeypatch):
+    """GPU runs read a Zarr core straight into a (pinned) buffer, chunk by chunk: the
+    same data as a plain read, for cores of one and of many chunks."""
+    from src_dask import _graph, _transfer
+
+    buffers = []
+
+    def empty(shape, dtype):  # stands in for CuPy's pinned pool on this CPU machine
+        buffers.append(np.full(shape, np.nan, dtype))
+        return buffers[-1]
+
+    monkeypatch.setattr(_transfer, "empty_pinned", empty)
+    group = zarr.open_group(tmp_path / "x", mode="r")
+    for j in range(8):
+        arr = group[f"site_{j}"]
+        out = _graph._read_whole(arr, pinned=True)
+        assert out is buffers[-1]
+        np.testing.assert_array_equal(out, arr[...])
+    assert any(group[f"site_{j}"].nchunks > 1 for j in range(8))
+
+
 def test_open_reads_no_data(tmp_path):
     x = random_mps(4, 3, seed=0)
     src_dask.save(x, tmp_path / "x")
@@ -97,9 +118,13 @@ def test_save_dask_cores_and_fixed_chunks(tmp_path):
 
 
 def test_opened_trains_are_streamed(saved, counts):
-    """Each input core is read once per pass that needs it (sites 0…n-2 twice, n-1 once)."""
+    """Not kept (as for inputs too large to keep), each input core is read once per pass
+    that needs it (sites 0…n-2 twice, n-1 once)."""
+    import dask
+
     a, x, a2, x2 = saved
-    y = src_dask.apply(a2, x2, 10, seed=0)
+    with dask.config.set({"src_dask.keep-inputs": False}):
+        y = src_dask.apply(a2, x2, 10, seed=0)
     _close(y, src_dask.apply(a, x, 10, seed=0))
     assert counts["read"] == 2 * (2 * 8 - 1)
 
@@ -274,6 +299,43 @@ def test_a_full_disk_fails_early(tmp_path, counts):
     finally:
         subprocess.run(["umount", str(small)], check=False)
     assert counts["sketch_step"] == 0
+
+
+@pytest.mark.parametrize("memory, kept", [(None, False), (3, False), (4, True)])
+def test_inputs_are_kept_when_they_take_a_quarter_of_memory_at_most(saved, counts, monkeypatch,
+                                                                       memory, kept):
+    """By default (``src_dask.keep-inputs: auto``) lazy inputs are kept for pass 2 when
+    they take at most a quarter of a worker's memory, else read in each pass (and when
+    the memory cannot be told)."""
+    from src_dask import _api
+
+    a, x, a2, x2 = saved
+    lazy = sum(c.nbytes for t in (a2, x2) for c in t)
+    monkeypatch.setattr(_api, "worker_memory",
+                        lambda client, device: None if memory is None else memory * lazy)
+    y = src_dask.apply(a2, x2, 10, seed=0)
+    _close(y, src_dask.apply(a, x, 10, seed=0))
+    assert counts["read"] == (2 * 8 if kept else 2 * (2 * 8 - 1))
+
+
+def test_keep_inputs_config_is_checked(saved):
+    import dask
+
+    with dask.config.set({"src_dask.keep-inputs": "sometimes"}), \
+            pytest.raises(ValueError, match="src_dask.keep-inputs: expected auto, True or False"):
+        src_dask.apply(saved[2], saved[3], 10, seed=0)
+
+
+def test_worker_memory_is_the_machine_or_the_worker_limit(cluster_client):
+    """The memory the keep-inputs rule compares with: the machine's without a client,
+    each worker's limit on a cluster (the smallest)."""
+    import psutil
+
+    from src_dask._cluster import worker_memory
+
+    assert worker_memory(None, "cpu") == psutil.virtual_memory().total
+    limits = [w["memory_limit"] for w in cluster_client.scheduler_info()["workers"].values()]
+    assert worker_memory(cluster_client, "cpu") == min(limits)
 
 
 def test_kept_inputs_are_read_once(saved, counts):

@@ -12,7 +12,7 @@ import dask
 import dask.utils
 
 from . import _graph, _progress, _random
-from ._cluster import choose_device
+from ._cluster import choose_device, worker_memory
 from ._kernels import is_in_memory
 from ._runstore import RunStore
 from ._stack import Stack, make_stack
@@ -22,6 +22,9 @@ log = logging.getLogger("src_dask")
 
 #: Largest sketch-environment block a default ``chunk`` aims for.
 _BLOCK_BYTES = 256 * 2**20
+
+#: Lazy inputs up to this share of a worker's memory are kept for pass 2 by default.
+_KEEP_FRACTION = 0.25
 
 
 def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
@@ -122,6 +125,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         device=device,
         # CuPy in, CuPy out (as quimb does), unless a client or a store gets the result
         to_host=client is not None or store is not None or not all(map(_is_cupy, inputs)),
+        keep_inputs=_keep_inputs(stack, client, device),
     )
     summary = _progress.describe(stack, plan, client)
     log.info("src: %s", summary)
@@ -235,6 +239,30 @@ def _fingerprint(stack: Stack) -> list:
     return [[f.train.kind, f.transpose,
              [[list(c.shape), tokenize(f.train.source(j))] for j, c in enumerate(f.train)]]
             for f in stack.factors]
+
+
+def _keep_inputs(stack: Stack, client: Any, device: str) -> bool:
+    """Whether lazy inputs are read once and kept for pass 2, or read in each pass.
+
+    Dask config ``src_dask.keep-inputs``: True, False, or ``"auto"`` (the default):
+    keep them when they take at most a quarter of a worker's memory (on a GPU run,
+    of the device, where they then stay between the passes). Reading a core costs
+    more than keeping it wherever it fits beside the environments; a larger share
+    would push environments out to host memory instead.
+    """
+    want = dask.config.get("src_dask.keep-inputs", "auto")
+    if want not in ("auto", True, False):
+        raise ValueError(f"dask config src_dask.keep-inputs: expected auto, True or False, "
+                         f"got {want!r}")
+    lazy = sum(c.nbytes for f in stack.factors for c in f.train if not is_in_memory(c))
+    if want != "auto" or not lazy:
+        return bool(want)
+    memory = worker_memory(client, device)
+    keep = memory is not None and lazy <= _KEEP_FRACTION * memory
+    log.info("src: lazy inputs of %.3g GB %s (worker memory %s)", lazy / 1e9,
+             "kept for pass 2" if keep else "read in each pass",
+             "unknown" if memory is None else f"{memory / 1e9:.3g} GB")
+    return keep
 
 
 def _default_chunk(stack: Stack, sketch: int, client: Any, device: str) -> int:

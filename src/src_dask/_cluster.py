@@ -50,6 +50,30 @@ def choose_device(client: Any, cores: list[Any]) -> str:
     return "gpu" if everywhere else "cpu"
 
 
+def worker_memory(client: Any, device: str) -> int | None:
+    """Bytes of memory the smallest worker of a run has for its arrays: the GPU's
+    (``device="gpu"``), else the worker's memory limit (the machine's memory
+    without a client or without a limit); None where that cannot be told."""
+    sizes = [_memory(device)] if client is None else list(client.run(_memory, device).values())
+    return min(sizes) if sizes and None not in sizes else None
+
+
+def _memory(device: str, dask_worker: Any = None) -> int | None:
+    try:
+        if device == "gpu":
+            import cupy
+
+            return int(cupy.cuda.Device().mem_info[1])
+        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        if limit:
+            return int(limit)
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - no device or no psutil: unknown
+        return None
+
+
 def cluster(gpus: int | list[int] | None = None, device_memory_limit: str | float = 0.8,
             memory_limit: str | float = "auto", local_directory: str | None = None,
             protocol: str = "tcp", **kwargs: Any):

@@ -50,9 +50,13 @@ def on_device(x: Any, device: str) -> Any:
 
 
 def all_finite(x: Any) -> bool:
+    """Whether ``x`` holds no NaN or inf. A NaN or inf makes the sum non-finite, so a
+    finite sum settles it in one read without a temporary the size of ``x``; only a
+    non-finite sum (or an overflowing one) is checked element by element."""
     if np.dtype(x.dtype).kind not in "fc":
         return True
-    return bool(xp_of(x).isfinite(x).all())
+    xp = xp_of(x)
+    return bool(xp.isfinite(x.sum())) or bool(xp.isfinite(x).all())
 
 
 # -- contraction engine -------------------------------------------------------

@@ -41,8 +41,11 @@ def to_device(x: Any) -> Any:
         return cupy.asarray(x)
     kernels = cupy.cuda.get_current_stream()
     out = cupy.empty(x.shape, x.dtype)  # from the kernels' stream's pool
-    staging = cupyx.empty_pinned(x.shape, x.dtype)
-    np.copyto(staging, x)
+    if _is_pinned(x):  # read into pinned memory already (``empty_pinned``)
+        staging = x
+    else:
+        staging = cupyx.empty_pinned(x.shape, x.dtype)
+        np.copyto(staging, x)
     stream = _copy_stream()
     # ``out`` may reuse memory that queued kernels still read: copy after them
     stream.wait_event(kernels.record())
@@ -51,6 +54,21 @@ def to_device(x: Any) -> Any:
     kernels.wait_event(done)
     _keep_until(done, staging)
     return out
+
+
+def empty_pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A NumPy array in page-locked memory from CuPy's pinned pool, to read into
+    and then hand to :func:`to_device` without another copy."""
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype)
+
+
+def _is_pinned(x: np.ndarray) -> bool:
+    """Whether ``x`` is a whole C-contiguous buffer from :func:`empty_pinned`."""
+    import cupy
+
+    return isinstance(x.base, cupy.cuda.PinnedMemoryPointer) and x.flags.c_contiguous
 
 
 def _keep_until(event: Any, staging: np.ndarray) -> None:
