@@ -16,7 +16,8 @@ everything runs on the CPU with NumPy. In one process the script
 2. for each chi: times ``psi.gate_with_mpo(A, method=m, max_bond=chi)`` for m in
    src, src-oversample, zipup, and ``src_dask.apply(A, psi, chi)`` plain and with
    ``oversample="auto"`` (one warm-up, then the best of ``--repeats``; the device
-   is synchronized before each timer stops);
+   is synchronized before each timer stops), in the order quimb src, ours, quimb
+   src-oversample, ours oversampled, zipup;
 3. reports per run: wall time, FLOPs (DESIGN.md convention; zipup not counted),
    TFLOP/s, fraction of the GEMM rate, ratio to quimb src, peak host RSS and
    device memory, bytes spilled (0: threaded runs do not spill), and the error
@@ -59,7 +60,10 @@ from _common import (
 )
 
 #: Every method, in the order it runs; quimb's src must come first (ratios refer to it).
-METHODS = ("quimb_src", "quimb_src_oversample", "quimb_zipup", "src_dask", "src_dask_oversample")
+# compared pairs back to back (quimb src then ours, then both oversampled), zipup last:
+# a ratio then compares two runs made under the same conditions (an earlier order ran
+# ours after ~80 s of quimb's zipup and oversampled SVDs)
+METHODS = ("quimb_src", "src_dask", "quimb_src_oversample", "src_dask_oversample", "quimb_zipup")
 QUIMB_METHOD = {"quimb_src": "src", "quimb_src_oversample": "src-oversample",
                 "quimb_zipup": "zipup"}
 #: Issue 5's targets for this problem: (device, chi, what, bound).

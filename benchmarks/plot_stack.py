@@ -28,10 +28,21 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
             link = "" if run["workers"] == 1 else (" ucx" if "'ucx'" in run["cluster"]
                                                    else " tcp")
             gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
-            label = f"{rec['date'][11:16]}Z {gpus}{link}"
+            label = f"{rec['date'][11:16]}Z {gpus}{link}{_variant(run)}"
             out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
                                              "total": run["best_s"], "floor": floor})
     return out
+
+
+def _variant(run: dict) -> str:
+    """What set the run apart: inputs kept for pass 2 or read again, 8 threads."""
+    keep = run.get("keep_inputs")
+    if isinstance(keep, dict):  # {"option": auto|yes|no, "decision": src_dask's log line}
+        keep = "kept" in (keep.get("decision") or "") or keep.get("option") == "yes"
+    words = [" kept" if keep else ""]
+    if "threads_per_worker=8" in run.get("cluster", ""):
+        words.append(" 8 threads")
+    return "".join(words)
 
 
 def plot(records: list[dict], path: Path) -> None:

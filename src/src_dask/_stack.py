@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,8 +61,13 @@ class Stack:
     def depth(self) -> int:
         return len(self.factors)
 
+    @cached_property
+    def _padded(self) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+        """Every factor's rank-4 core shape, per site (asked for many times a site)."""
+        return tuple(tuple(f.padded_shape(j) for f in self.factors) for j in range(self.n))
+
     def shapes(self, site: int) -> list[tuple[int, int, int, int]]:
-        return [f.padded_shape(site) for f in self.factors]
+        return list(self._padded[site])
 
     def left_bonds(self, site: int) -> tuple[int, ...]:
         return tuple(s[0] for s in self.shapes(site))
@@ -78,11 +84,11 @@ class Stack:
 
     def up(self, site: int) -> int:
         """Size of the output's up (row or physical) leg at ``site``."""
-        return self.factors[0].padded_shape(site)[2]
+        return self._padded[site][0][2]
 
     def down(self, site: int) -> int:
         """Size of the output's down (column) leg; 1 for an MPS result."""
-        return self.factors[-1].padded_shape(site)[3]
+        return self._padded[site][-1][3]
 
 
 def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:

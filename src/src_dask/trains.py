@@ -226,13 +226,24 @@ def _from_quimb(tn: Any, name: str) -> TensorTrain:
     if n < 2:
         raise ValueError(f"{name}: a train needs at least 2 sites, got {n}")
     is_mpo = hasattr(tn, "upper_ind") and hasattr(tn, "lower_ind")
+    tensors = [tn[j] for j in range(n)]  # a lookup by tag each: found once per site
+    bonds = []
+    for j in range(n - 1):
+        shared = _shared(tensors[j], tensors[j + 1])
+        bonds.append(tn.bond(j, j + 1) if shared is None else shared)
     cores = []
-    for j in range(n):
-        t = tn[j]
-        bonds = ([tn.bond(j - 1, j)] if j > 0 else []) + ([tn.bond(j, j + 1)] if j < n - 1 else [])
+    for j, t in enumerate(tensors):
+        legs = ([bonds[j - 1]] if j > 0 else []) + ([bonds[j]] if j < n - 1 else [])
         phys = [tn.upper_ind(j), tn.lower_ind(j)] if is_mpo else [tn.site_ind(j)]
-        cores.append(t.transpose(*bonds, *phys).data)
+        cores.append(t.transpose(*legs, *phys).data)
     return TensorTrain(cores, "mpo" if is_mpo else "mps", name=name)
+
+
+def _shared(a: Any, b: Any) -> str | None:
+    """The one index two neighbouring quimb tensors share (None: not exactly one,
+    which ``tn.bond`` then reports in quimb's words)."""
+    common = set(a.inds).intersection(b.inds)
+    return common.pop() if len(common) == 1 else None
 
 
 def as_train(x: Any, *, name: str = "train") -> TensorTrain:
