@@ -99,15 +99,41 @@ def test_cholesky_qr2_on_the_gpu_and_its_fallback():
     assert abs(eta.conj() @ eta.T - cupy.eye(30)).max() < 1e-12
 
 
-def test_zarr_inputs_and_store_on_the_gpu(tmp_path):
+@pytest.mark.parametrize("keep", [True, False])  # inputs kept for pass 2, or read again
+def test_zarr_inputs_and_store_on_the_gpu(tmp_path, keep):
     a, x = STACKS["mpo.mps"](np.complex128)
     src_dask.save(a, tmp_path / "a")
-    src_dask.save(x, tmp_path / "x")
+    src_dask.save(x, tmp_path / "x", max_chunk_bytes=2**14)
     ref = _on("cpu", a, x, chi_out=32, seed=1, chunk=8)
     za, zx = src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")
-    _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), ref)
-    y = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8, store=tmp_path / "run")
+    with dask.config.set({"src_dask.keep-inputs": keep}):
+        _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), ref)
+        y = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8, store=tmp_path / "run")
     _same(y, ref)
+
+
+def test_zarr_reads_land_in_pinned_memory_and_move_without_a_copy(tmp_path, monkeypatch):
+    """A GPU run reads a Zarr core into a pinned buffer, which goes to the device as
+    it is (no staging copy)."""
+    import cupy
+    import cupyx
+    import zarr
+
+    from src_dask import _graph, _transfer
+
+    x = random_mps(6, 40, seed=3)
+    src_dask.save(x, tmp_path / "x", max_chunk_bytes=2**14)
+    arr = zarr.open_group(tmp_path / "x", mode="r")["site_2"]
+    host = _graph._read_whole(arr, pinned=True)
+    assert isinstance(host.base, cupy.cuda.PinnedMemoryPointer) and _transfer._is_pinned(host)
+    np.testing.assert_array_equal(host, x[2])
+
+    def no_staging(*args, **kwargs):
+        raise AssertionError("a pinned read was copied into another staging buffer")
+
+    monkeypatch.setattr(cupyx, "empty_pinned", no_staging)
+    np.testing.assert_array_equal(cupy.asnumpy(_transfer.to_device(host)), x[2])
+    assert not _transfer._is_pinned(np.zeros(4))
 
 
 def _halving_problem():
