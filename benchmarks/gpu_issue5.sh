@@ -4,13 +4,15 @@
 # $OUT/progress.txt says which step runs; logs, JSON and PNG go to $OUT.
 #
 #   PART=tests  pytest -m gpu (about 2 minutes).
-#   PART=mpo    bench_mpo_mps.py: chi 200 500 1000 with every method, chi 2000 with
-#               quimb src and ours (quimb's zipup and src-oversample and our oversampled
-#               run take minutes each there); about 6 minutes. Needs quimb's wheels.
+#   PART=mpo    bench_mpo_mps.py: chi 200 500 1000 2000 with every method (at 2000
+#               quimb's zipup and src-oversample and our oversampled run take minutes
+#               each and run once); about 12 minutes. Needs quimb's wheels.
 #   PART=mpo1000 the same at chi=1000 only, quimb src against ours (about 1 minute).
 #   PART=stack1 bench_stack.py on 1 GPU: D_M=1000, chi_out=500 (src_dask's defaults, and
-#               with the inputs read in each pass), then D_M=2000, chi_out=1000 (spilling).
-#               About 8 minutes; ~60 GB of disk for the inputs (use nvidia-h200-x2).
+#               with the inputs read in each pass), D_M=2000, chi_out=1000 (spilling; too
+#               large for quimb on one GPU), then D_M=1000 with quimb's src as the peer.
+#               About 10 minutes (quimb's part not yet timed); ~60 GB of disk for the
+#               inputs (use nvidia-h200-x2).
 #   PART=stack2 bench_transfer.py (GPU to GPU: tcp/ucx x RMM async/pool; LINK="tcp async"
 #               skips it), then the same two problems on 2 GPUs over the fastest link.
 #               Needs the UCX wheels and the inputs stack1 wrote.
@@ -39,9 +41,9 @@ part_mpo() {
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_mpo_mps.py --chi 200 500 1000 --repeats 3 \
         --budget-s 40 --error-max-chi 500 --out "$OUT" >"$OUT/bench_mpo_mps.log" 2>&1
     step "mpo_mps 200-1000 rc=$?"
-    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_mpo_mps.py --chi 2000 --repeats 3 --no-zipup \
-        --no-quimb-oversample --no-oversample --error-max-chi 0 --out "$OUT" --merge \
-        >>"$OUT/bench_mpo_mps.log" 2>&1
+    # every method at chi=2000 too: the slow ones (minutes a call) run once (--budget-s)
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_mpo_mps.py --chi 2000 --repeats 3 \
+        --budget-s 40 --error-max-chi 0 --out "$OUT" --merge >>"$OUT/bench_mpo_mps.log" 2>&1
     step "mpo_mps 2000 rc=$?"
 }
 
@@ -78,6 +80,8 @@ part_stack1() {  # one GPU: the targets, with src_dask's defaults (inputs kept w
     stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
     stack dm1000_reread 1000 500 --workers 1 --keep-inputs no
     stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
+    # quimb's src on the same stack (CuPy arrays, in this process), then ours: the ratio
+    stack dm1000_quimb 1000 500 --workers 1 --quimb auto
 }
 
 part_stack2() {  # two GPUs on the same problems (inputs from part_stack1 reused)
