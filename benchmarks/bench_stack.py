@@ -74,6 +74,7 @@ from _common import (
 )
 
 import src_dask
+from src_dask._progress import has_bokeh
 from src_dask.problems import stack_mpo
 
 #: The stack's factors, leftmost first: name and bond (None: D_M).
@@ -344,7 +345,11 @@ def run_config(trains, n_workers: int, mode: str, args: argparse.Namespace, devi
 
         report = None
         if args.report is not None:  # Dask's performance report of the (last) timed call
-            report = str(args.report.with_name(f"{args.report.stem}_w{n_workers}_{mode}.html"))
+            if client.run_on_scheduler(has_bokeh):
+                report = str(args.report.with_name(f"{args.report.stem}_w{n_workers}_{mode}.html"))
+            else:
+                warnings.warn("--report: no bokeh on the scheduler, so no performance report "
+                              "(the UCX wheel set leaves bokeh out)", stacklevel=1)
 
         def run():
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,

@@ -233,6 +233,26 @@ def test_bad_options_are_refused_before_any_work(options, error, match):
         src_dask.apply(*_problem(), 12, **options)
 
 
+def test_report_needs_bokeh_on_the_scheduler(tmp_path, monkeypatch):
+    """Without bokeh where the scheduler runs, the report is refused before any work
+    (not a warning after the whole run)."""
+    import importlib.util
+
+    from distributed import Client, LocalCluster
+
+    from src_dask import _graph
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bokeh" else real(name, *a))
+    monkeypatch.setattr(_graph, "build", lambda *a, **k: pytest.fail("graph built"))
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client, \
+            pytest.raises(ValueError, match="performance_report needs bokeh where the Dask"):
+        src_dask.apply(*_problem(), 12, client=client, performance_report=tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_report_folder_must_exist(cluster_client, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         src_dask.apply(*_problem(), 12, client=cluster_client,

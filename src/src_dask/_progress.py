@@ -79,7 +79,17 @@ def check_report(report: Any, client: Any) -> str | None:
     parent = os.path.dirname(os.path.abspath(path))
     if "://" not in path and not os.path.isdir(parent):
         raise ValueError(f"performance_report: the folder {parent} does not exist")
+    if not client.run_on_scheduler(has_bokeh):
+        raise ValueError("performance_report needs bokeh where the Dask scheduler runs (it "
+                         "draws the report): install bokeh there, or leave the report out")
     return path
+
+
+def has_bokeh() -> bool:
+    """Whether bokeh, which Dask's performance report is drawn with, imports here."""
+    import importlib.util
+
+    return importlib.util.find_spec("bokeh") is not None
 
 
 # -- the run log -----------------------------------------------------------------
