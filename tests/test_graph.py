@@ -15,12 +15,16 @@ from src_dask import _api, _graph, _random
 from src_dask._stack import make_stack
 
 
-def _graph_keys(n=6, chunk=3, oversample=0):
+def _sweep(n=6, chunk=3, oversample=0, workers=None):
     a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
     stack = make_stack((a, x))
     plan = _graph.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
                        key=_random.seed_key(0), round=oversample > 0)
-    return list(dict(_graph.build(stack, plan).dask).keys())
+    return dict(_graph.build(stack, plan, workers).dask)
+
+
+def _graph_keys(n=6, chunk=3, oversample=0, workers=None):
+    return list(_sweep(n, chunk, oversample, workers))
 
 
 def test_task_prefixes_name_pass_and_site():
@@ -36,13 +40,28 @@ def test_task_prefixes_name_pass_and_site():
 
 
 def test_graph_shape_per_site():
-    keys = _graph_keys(n=6, chunk=3)  # 8 columns in blocks of 3 -> 3 blocks
+    # 8 columns in blocks of 3 -> 3 blocks, spread over two CPU workers
+    keys = _graph_keys(n=6, chunk=3, workers=["w0", "w1"])
     pass1 = [k for k in keys if key_split(k).startswith("pass1")]
     assert len(pass1) == 3 * 5  # one task per block and site
     site3 = [k for k in keys if key_split(k) == "pass2_site3"]
-    # one sketch piece per block, one QR (fused with the update and the next projection),
-    # the output core and the next site's projected core taken from it
+    # one sketch piece per block (where the block lives), one QR (fused with the update
+    # and the next projection), the output core and the next site's projected core
     assert sorted(k[1] for k in site3) == ["core", "project", "qr", "sketch", "sketch", "sketch"]
+
+
+def test_pass2_in_one_place_is_one_task_per_site():
+    """In one process (and on one worker, or a GPU) a site's sketch pieces are made in
+    its QR task, which takes Z from the previous site's task: the chain of pass 2 is
+    one task per site (each dependent task on a cluster waits for the scheduler)."""
+    from dask.core import get_dependencies
+
+    dsk = _sweep(n=6, chunk=3)
+    site3 = [k for k in dsk if key_split(k) == "pass2_site3"]
+    assert sorted(k[1] for k in site3) == ["core", "qr"]
+    qr = {key_split(k): k for k in dsk if k[1:2] == ("qr",)}
+    for j in range(2, 5):  # site j's QR depends on site j+1's QR itself
+        assert qr[f"pass2_site{j + 1}"] in get_dependencies(dsk, qr[f"pass2_site{j}"])
 
 
 @pytest.mark.parametrize("options", [{}, {"cutoff": 0.3}, {"oversample": 3}])
@@ -269,8 +288,12 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
                  and k[1] in ("project", "sketch", "qr", "update", "fetch")]
         assert {where[k] for k in steps} == {"w0"}
         fetch = (f"pass2_site{j}-{token}", "fetch", 1)
-        assert fetch in dsk and deps((f"pass2_site{j}-{token}", "sketch", 0, 1), "pass2") \
-            == {fetch, (f"pass2_site{j}-{token}", "project", 0)}
+        piece = (f"pass2_site{j}-{token}", "sketch", 0, 1)
+        if j == 5:  # Z of the last site is whole: its QR task makes the pieces itself
+            assert piece not in dsk and fetch in deps((f"pass2_site{j}-{token}", "qr"), "pass2")
+        else:
+            assert fetch in dsk and deps(piece, "pass2") == {
+                fetch, (f"pass2_site{j}-{token}", "project", 0)}
         if j + 2 < 6:  # fetched two sites ahead (z_block_bytes=1), not at the start
             assert deps(fetch, "pass2") == {(f"pass2_site{j + 2}-{token}", "core")}
 

@@ -17,7 +17,9 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     physical legs multiply its size) is instead made by one task per block of
     its rows, so that it is computed, kept and spilled in pieces; the QR task
     sums the next ``S`` from the blocks, or, with the blocks spread over CPU
-    workers, each block adds its share to a running sum where it is. On
+    workers, each block adds its share to a running sum where it is. Where
+    pass 2 runs in one place (a GPU, one worker or process) and ``Z_j`` is
+    whole, the pieces are made inside the QR task: one task per site. On
     several GPUs pass 2 runs on the first worker (``fetch`` tasks bring the
     other workers' blocks of ``C_j`` to it ahead of use);
 ``round_site<j>``
@@ -268,7 +270,14 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         out[j] = g.add((name("pass2", j), "core"), _stored, store=store, what="eta", site=j,
                        device=plan.device)
     z_blocks = [_z_blocks(stack, plan, j) for j in range(n)]
+    # Pass 2 in one place (a GPU, or a single worker or process) with Z_j whole: the
+    # site's sketch pieces are made inside its QR task, which takes Z_j straight from
+    # the previous step's result. One task per site is then on the critical path; on
+    # a distributed cluster each dependent task costs a round trip through the
+    # scheduler (its batched sends wait up to 2 + 5 ms), more than a small site's GEMMs.
+    together = plan.device == "gpu" or len(g.workers) <= 1
     zs = None  # Z_j's row blocks, when the step of site j+1 projected it whole
+    z_in_state = False  # zs is [the step of site j+1], whose third item is Z_j
     for j in range(first, -1, -1):
         if zs is None:
             m = z_blocks[j]
@@ -282,7 +291,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                 zs = [place(z, b) for b, z in enumerate(zs)]
         if j == 0:
             break
-        pieces = []
+        fused = together and len(zs) == 1
+        block_envs, pieces = [], []
         for c, (start, stop) in enumerate(blocks):
             # with a store: C_j is read from disk, after block c's chain (if this run
             # does it) has written it
@@ -290,6 +300,9 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             if home and store is None and c % groups:
                 block_env = g.pin(g.add((name("pass2", j), "fetch", c), _first, block_env,
                                         ahead_of(j)), 0)
+            block_envs.append(block_env)
+            if fused:
+                continue
             row = [g.add((name("pass2", j), "sketch", b, c), _piece_task, block_env, z, site=j,
                          start=start, stop=stop, run=token, store=store)
                    for b, z in enumerate(zs)]
@@ -304,10 +317,16 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
         chain = len(zs) > 1 and plan.device == "cpu" and len(g.workers) > 1
         whole = not chain and z_blocks[j - 1] == 1
         checkpoint = partial(store.write_pass2, j) if store else None
-        state = g.add((name("pass2", j), "qr"), _pass2_step, pieces, None if chain else zs,
-                      cores2[j - 1] if whole else None, up=stack.up(j), down=stack.down(j),
-                      cutoff=plan.cutoff, max_rank=stack.max_rank(j), site=j,
-                      checkpoint=None if chain else checkpoint)
+        options = dict(up=stack.up(j), down=stack.down(j), cutoff=plan.cutoff,
+                       max_rank=stack.max_rank(j), site=j,
+                       checkpoint=None if chain else checkpoint)
+        if fused:
+            state = g.add((name("pass2", j), "qr"), _fused_pass2_task, block_envs, zs,
+                          cores2[j - 1] if whole else None, z_in_state=z_in_state,
+                          blocks=blocks, run=token, store=store, **options)
+        else:
+            state = g.add((name("pass2", j), "qr"), _pass2_step, pieces,
+                          None if chain else zs, cores2[j - 1] if whole else None, **options)
         if home:
             g.pin(state, 0)
         out[j] = g.add((name("pass2", j), "core"), operator.getitem, state, 0)
@@ -322,10 +341,13 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
                 env = g.add((name("pass2", j), "env"), _checkpointed, env, out[j],
                             checkpoint=checkpoint)
             zs = None
+        elif whole and together and j > 1:  # the next site's task picks Z out itself
+            zs, z_in_state = [state], True
         elif whole:
-            zs = [g.add((name("pass2", j - 1), "project", 0), operator.getitem, state, 2)]
+            zs, z_in_state = [g.add((name("pass2", j - 1), "project", 0), operator.getitem,
+                                    state, 2)], False
         else:
-            zs = None
+            zs, z_in_state = None, False
             env = g.add((name("pass2", j), "env"), operator.getitem, state, 1)
     out[0] = g.add((name("pass2", 0), "core"), K.first_core, zs)
 
@@ -391,6 +413,20 @@ def _piece_task(env: Any, z: Any, *, site: int, start: int, stop: int, run: str,
 def _pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
     return _oom.naming_the_site(K.pass2_step, site=site, step="pass 2")(*args, site=site,
                                                                         **kwargs)
+
+
+def _fused_pass2_task(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | None, *,
+                      z_in_state: bool, blocks: list[tuple[int, int]], run: str,
+                      store: RunStore | None, site: int, **options: Any) -> Any:
+    """A site of pass 2 in one task: the sketch pieces of each column block of ``C_j``
+    (``block_envs``) against the whole ``Z_j``, then :func:`_pass2_step`. ``z_in_state``:
+    ``zs`` is ``[the previous step's result]``, whose third item is ``Z_j``."""
+    if z_in_state:
+        zs = [zs[0][2]]
+    pieces = [[_piece_task(env, zs[0], site=site, start=start, stop=stop, run=run,
+                           store=store)] for env, (start, stop) in zip(block_envs, blocks,
+                                                                      strict=True)]
+    return _pass2_step(pieces, zs, cores_left, site=site, **options)
 
 
 def _checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
