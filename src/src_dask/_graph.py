@@ -128,7 +128,8 @@ class _Graph:
         self.placement: dict[Any, str] = {}
 
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
-        """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None)."""
+        """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None),
+        or in-memory arrays (from :meth:`array`)."""
         self.tasks[key] = (partial(func, **static) if static else func, *deps)
         return key
 
@@ -145,7 +146,9 @@ class _Graph:
         return key
 
     def array(self, x: Any, after: Any = None) -> Any:
-        """A key holding array ``x`` whole; lazy arrays are read only when it runs.
+        """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
+        travels inside the task that uses it: no task of its own for the scheduler to
+        run), a lazy one as a key whose task reads it.
 
         A Zarr array gets a new read task at every call: each pass reads its
         cores anew instead of keeping them in memory from pass 1 to pass 2.
@@ -158,9 +161,7 @@ class _Graph:
             return key
         x = _lazy(x)
         if K.is_in_memory(x):
-            key = ("src_input-" + uuid.uuid4().hex,)
-            self.tasks[key] = x
-            return key
+            return x
         x = x.rechunk(x.shape)
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
