@@ -105,3 +105,13 @@ def test_plot_stack_draws_the_recorded_runs(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_overhead_quick(tmp_path):
+    out = tmp_path / "overhead.json"
+    stdout = _run("bench_overhead.py", "--out", str(out))
+    record = json.loads(out.read_text())
+    assert set(record["results"]) == {"sync", "threads", "client_inprocess_1x2"}
+    for r in record["results"].values():
+        assert len(r["times_s"]) == 2 and 0 < r["best_s"] == min(r["times_s"])
+    assert "client_inprocess_1x2" in stdout
