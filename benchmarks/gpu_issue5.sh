@@ -8,6 +8,7 @@
 #               quimb's zipup and src-oversample and our oversampled run take minutes
 #               each and run once); about 12 minutes. Needs quimb's wheels.
 #   PART=mpo1000 the same at chi=1000 only, quimb src against ours (about 1 minute).
+#   PART=overhead bench_overhead.py: a call's cost besides its GEMMs (about 1 minute).
 #   PART=stack1 bench_stack.py on 1 GPU: D_M=1000, chi_out=500 (src_dask's defaults, and
 #               with the inputs read in each pass), D_M=2000, chi_out=1000 (spilling; too
 #               large for quimb on one GPU), then D_M=1000 with quimb's src as the peer.
@@ -45,6 +46,13 @@ part_mpo() {
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_mpo_mps.py --chi 2000 --repeats 3 \
         --budget-s 40 --error-max-chi 0 --out "$OUT" --merge >>"$OUT/bench_mpo_mps.log" 2>&1
     step "mpo_mps 2000 rc=$?"
+}
+
+part_overhead() {  # per-call overhead: synchronous, threaded, a Client (about 1 minute)
+    step overhead
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_overhead.py \
+        --out "$OUT/overhead_gpu.json" >"$OUT/bench_overhead.log" 2>&1
+    step "overhead rc=$?"
 }
 
 part_mpo1000() {  # chi=1000 only, against quimb src
@@ -94,8 +102,9 @@ part_stack2() {  # two GPUs on the same problems (inputs from part_stack1 reused
 # PART is a list run in order, e.g. PART="tests stack1 mpo stack2" (the default)
 for part in ${PART:-tests stack1 mpo stack2}; do
     case $part in
-    tests | mpo | mpo1000 | stack1 | stack2) "part_$part" ;;
-    *) echo "PART entries must be tests, mpo, mpo1000, stack1 or stack2" >&2; exit 2 ;;
+    tests | overhead | mpo | mpo1000 | stack1 | stack2) "part_$part" ;;
+    *) echo "PART entries must be tests, overhead, mpo, mpo1000, stack1 or stack2" >&2
+       exit 2 ;;
     esac
 done
 step done
