@@ -35,7 +35,6 @@ def to_device(x: Any) -> Any:
     """``x`` as a CuPy array; a NumPy array goes through pinned memory on this
     thread's copy stream, and nothing waits on the host for the copy."""
     import cupy
-    import cupyx
 
     if not isinstance(x, np.ndarray):
         return cupy.asarray(x)
@@ -44,7 +43,7 @@ def to_device(x: Any) -> Any:
     if _is_pinned(x):  # read into pinned memory already (``empty_pinned``)
         staging = x
     else:
-        staging = cupyx.empty_pinned(x.shape, x.dtype)
+        staging = empty_pinned(x.shape, x.dtype)
         np.copyto(staging, x)
     stream = _copy_stream()
     # ``out`` may reuse memory that queued kernels still read: copy after them
@@ -65,7 +64,8 @@ def empty_pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 def _is_pinned(x: np.ndarray) -> bool:
-    """Whether ``x`` is a whole C-contiguous buffer from :func:`empty_pinned`."""
+    """Whether ``x`` is C-contiguous in page-locked memory from :func:`empty_pinned`
+    (the array itself or a view of it)."""
     import cupy
 
     return isinstance(x.base, cupy.cuda.PinnedMemoryPointer) and x.flags.c_contiguous
@@ -88,13 +88,12 @@ def to_host(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray) or not type(x).__module__.startswith("cupy"):
         return np.asarray(x)
     import cupy
-    import cupyx
 
     if x.nbytes < _SMALL:
         return x.get()
     x = cupy.ascontiguousarray(x)
     stream = _copy_stream()
     stream.wait_event(cupy.cuda.get_current_stream().record())
-    staging = cupyx.empty_pinned(x.shape, x.dtype)
+    staging = empty_pinned(x.shape, x.dtype)
     x.get(stream=stream, out=staging)  # blocks this thread until the copy is done
     return np.array(staging)
