@@ -14,6 +14,8 @@
 #               large for quimb on one GPU), then D_M=1000 with quimb's src as the peer.
 #               About 10 minutes (quimb's part not yet timed); ~60 GB of disk for the
 #               inputs (use nvidia-h200-x2).
+#   PART=stackq D_M=1000, chi_out=500 on 1 GPU with quimb's src as the peer, then ours
+#               with defaults, in one process (one JSON with both and their ratio).
 #   PART=stack2 bench_transfer.py (GPU to GPU: tcp/ucx x RMM async/pool; LINK="tcp async"
 #               skips it), then the same two problems on 2 GPUs over the fastest link.
 #               Needs the UCX wheels and the inputs stack1 wrote.
@@ -88,7 +90,10 @@ part_stack1() {  # one GPU: the targets, with src_dask's defaults (inputs kept w
     stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
     stack dm1000_reread 1000 500 --workers 1 --keep-inputs no
     stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
-    # quimb's src on the same stack (CuPy arrays, in this process), then ours: the ratio
+    part_stackq
+}
+
+part_stackq() {  # quimb's src on the same stack (CuPy arrays, in this process), then ours
     stack dm1000_quimb 1000 500 --workers 1 --quimb auto
 }
 
@@ -102,8 +107,8 @@ part_stack2() {  # two GPUs on the same problems (inputs from part_stack1 reused
 # PART is a list run in order, e.g. PART="tests stack1 mpo stack2" (the default)
 for part in ${PART:-tests stack1 mpo stack2}; do
     case $part in
-    tests | overhead | mpo | mpo1000 | stack1 | stack2) "part_$part" ;;
-    *) echo "PART entries must be tests, overhead, mpo, mpo1000, stack1 or stack2" >&2
+    tests | overhead | mpo | mpo1000 | stack1 | stackq | stack2) "part_$part" ;;
+    *) echo "PART entries must be tests, overhead, mpo, mpo1000, stack1, stackq or stack2" >&2
        exit 2 ;;
     esac
 done
