@@ -1,6 +1,7 @@
 # ruff: noqa: T201
-"""A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest,
-against the issue's time target and the FLOP floor at the GEMM rate of its run.
+"""A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest
+(quimb's src, where a record timed it, as one grey bar), against the issue's time target
+and the FLOP floor at the GEMM rate of its run.
 
     python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
     (writes benchmarks/results/stack_gpu.png; --out elsewhere)
@@ -16,11 +17,18 @@ TARGET_S = {(1000, 500): 22.0, (2000, 1000): 175.0}
 
 
 def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
-    """Per problem size, one bar per timed run: label, pass 1, the rest, floor."""
+    """Per problem size, one bar per timed run: label, pass 1, the rest, floor, whether
+    it is quimb's."""
     out: dict[tuple[int, int], list[dict]] = {}
     for rec in sorted(records, key=lambda r: r["date"]):
         size = (rec["problem"]["dm"], rec["problem"]["chi_out"])
         floor = rec["flops"]["total"] / (rec["gemm_complex128"]["tflops"] * 1e12)
+        when = f"{rec['date'][5:10]} {rec['date'][11:16]}Z"
+        quimb = rec.get("quimb", {})
+        if "best_s" in quimb:
+            out.setdefault(size, []).append({"label": f"{when} quimb src", "pass1": 0.0,
+                                             "total": quimb["best_s"], "floor": floor,
+                                             "quimb": True})
         for run in rec["runs"].values():
             if "best_s" not in run:
                 continue
@@ -28,9 +36,10 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
             link = "" if run["workers"] == 1 else (" ucx" if "'ucx'" in run["cluster"]
                                                    else " tcp")
             gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
-            label = f"{rec['date'][11:16]}Z {gpus}{link}{_variant(run)}"
+            label = f"{when} {gpus}{link}{_variant(run)}"
             out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
-                                             "total": run["best_s"], "floor": floor})
+                                             "total": run["best_s"], "floor": floor,
+                                             "quimb": False})
     return out
 
 
@@ -58,7 +67,8 @@ def plot(records: list[dict], path: Path) -> None:
         y = range(len(runs))
         ax.barh(y, [r["pass1"] for r in runs], color="tab:blue", label="pass 1")
         ax.barh(y, [r["total"] - r["pass1"] for r in runs], left=[r["pass1"] for r in runs],
-                color="tab:orange", label="pass 2 and the rest")
+                color=["0.6" if r["quimb"] else "tab:orange" for r in runs],
+                label="pass 2 and the rest (grey: quimb's whole run)")
         ax.set_yticks(list(y), [r["label"] for r in runs])
         ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at GEMM rate")
         if size in TARGET_S:
