@@ -51,17 +51,20 @@ def test_graph_shape_per_site():
 
 
 def test_pass2_in_one_place_is_one_task_per_site():
-    """In one process (and on one worker, or a GPU) a site's sketch pieces are made in
-    its QR task, which takes Z from the previous site's task: the chain of pass 2 is
-    one task per site (each dependent task on a cluster waits for the scheduler)."""
+    """On one worker of a cluster (or a GPU) a site's sketch pieces are made in its QR
+    task, which takes Z from the previous site's task: the chain of pass 2 is one task
+    per site (each dependent task on a cluster waits for the scheduler). Dask's local
+    schedulers on a CPU keep one task per piece, which their threads run side by side."""
     from dask.core import get_dependencies
 
-    dsk = _sweep(n=6, chunk=3)
+    dsk = _sweep(n=6, chunk=3, workers=["w0"])
     site3 = [k for k in dsk if key_split(k) == "pass2_site3"]
     assert sorted(k[1] for k in site3) == ["core", "qr"]
     qr = {key_split(k): k for k in dsk if k[1:2] == ("qr",)}
     for j in range(2, 5):  # site j's QR depends on site j+1's QR itself
         assert qr[f"pass2_site{j + 1}"] in get_dependencies(dsk, qr[f"pass2_site{j}"])
+    local = [k for k in _sweep(n=6, chunk=3) if key_split(k) == "pass2_site3"]
+    assert sorted(k[1] for k in local) == ["core", "project", "qr", "sketch", "sketch", "sketch"]
 
 
 @pytest.mark.parametrize("options", [{}, {"cutoff": 0.3}, {"oversample": 3}])
