@@ -18,7 +18,7 @@ tasks by step and site and shows where a run is (the prefixes stay within the
     its rows, so that it is computed, kept and spilled in pieces; the QR task
     sums the next ``S`` from the blocks, or, with the blocks spread over CPU
     workers, each block adds its share to a running sum where it is. Where
-    pass 2 runs in one place (a GPU, one worker or process) and ``Z_j`` is
+    pass 2 runs in one place (a GPU or a single cluster worker) and ``Z_j`` is
     whole, the pieces are made inside the QR task: one task per site. On
     several GPUs pass 2 runs on the first worker (``fetch`` tasks bring the
     other workers' blocks of ``C_j`` to it ahead of use);
