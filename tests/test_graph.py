@@ -261,6 +261,42 @@ def test_lookahead_keeps_a_few_sites_of_inputs_in_flight():
         assert _graph._lookahead(stack, plan) == ahead, dm
 
 
+def test_in_memory_inputs_travel_once_in_the_graph():
+    """An in-memory core rides inside the one task that loads it; where several GPU
+    workers each load their own copy, it is one data key they share, so the graph
+    carries every input once."""
+    trains = (random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2))
+    stack = make_stack(trains)
+
+    def embedded(dsk):
+        """How many times each input core object appears in the graph's tasks."""
+        found = {id(c): 0 for t in trains for c in t}
+
+        def walk(x):
+            if id(x) in found and isinstance(x, np.ndarray):
+                found[id(x)] += 1
+            elif isinstance(x, (tuple, list)):
+                for y in x:
+                    walk(y)
+        for task in dsk.values():
+            walk(task)
+        return found
+
+    for device, workers, data_keys in (("cpu", None, 0), ("gpu", ["w0", "w1"], 12)):
+        plan = _graph.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+                           device=device)
+        dsk = dict(_graph.build(stack, plan, workers=workers).dask)
+        assert set(embedded(dsk).values()) == {1}, device
+        shared = [k for k in dsk if key_split(k) == "src_input"]
+        assert len(shared) == data_keys, device
+        if shared:  # both workers' loads of a core use its one data key
+            from dask.core import get_dependencies
+
+            users = [k for k in dsk if key_split(k).startswith("load_site")
+                     and shared[0] in get_dependencies(dsk, k)]
+            assert len(users) == 2
+
+
 def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
     """On several GPU workers each worker reads the Zarr cores its blocks use (no core
     moves between GPUs), and pass 2 runs on the first worker, which fetches the other

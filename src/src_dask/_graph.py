@@ -126,6 +126,7 @@ class _Graph:
         self.inputs: list[da.Array] = []
         self.workers = workers
         self.placement: dict[Any, str] = {}
+        self._shared: dict[int, tuple[Any, Any]] = {}  # id(array): (array, its data key)
 
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
         """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None),
@@ -148,7 +149,9 @@ class _Graph:
     def array(self, x: Any, after: Any = None) -> Any:
         """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
         travels inside the task that uses it: no task of its own for the scheduler to
-        run), a lazy one as a key whose task reads it.
+        run) or, where several workers prepare their own copy (:meth:`groups`), as one
+        data key they all use (the graph carries it once); a lazy one as a key whose
+        task reads it.
 
         A Zarr array gets a new read task at every call: each pass reads its
         cores anew instead of keeping them in memory from pass 1 to pass 2.
@@ -161,7 +164,13 @@ class _Graph:
             return key
         x = _lazy(x)
         if K.is_in_memory(x):
-            return x
+            if self.groups() == 1:
+                return x
+            if id(x) not in self._shared:  # the array is held, so its id stays its own
+                key = ("src_input-" + uuid.uuid4().hex,)
+                self.tasks[key] = x
+                self._shared[id(x)] = (x, key)
+            return self._shared[id(x)][1]
         x = x.rechunk(x.shape)
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
