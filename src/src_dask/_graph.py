@@ -293,7 +293,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     z_in_state = False  # zs is [the step of site j+1], whose third item is Z_j
     for j in range(first, -1, -1):
         if zs is None:
-            m = z_blocks[j]
+            m, z_in_state = z_blocks[j], False
             zs = [g.add((name("pass2", j), "project", b),
                         _oom.naming_the_site(K.project_core, site=j, step="pass 2"),
                         cores2[j], env, rows=(b, m))
@@ -360,7 +360,7 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
             zs, z_in_state = [g.add((name("pass2", j - 1), "project", 0), operator.getitem,
                                     state, 2)], False
         else:
-            zs, z_in_state = None, False
+            zs = None
             env = g.add((name("pass2", j), "env"), operator.getitem, state, 1)
     out[0] = g.add((name("pass2", 0), "core"), K.first_core, zs)
 
