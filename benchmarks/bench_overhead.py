@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import dask
-from _common import Device, run_record
+from _common import Device, best_of, run_record
 
 import src_dask
-
-
-def timed(call, repeats: int) -> dict:
-    call()  # warm-up: imports, contraction plans
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return {"best_s": min(times), "times_s": times}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -62,11 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for scheduler in ("sync", "threads"):
         with dask.config.set(scheduler=scheduler):
-            results[scheduler] = timed(call(), args.repeats)
+            results[scheduler] = best_of(call(), args.repeats)[0]
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
-        results["client_inprocess_1x2"] = timed(call(client), args.repeats)
+        results["client_inprocess_1x2"] = best_of(call(client), args.repeats)[0]
 
     for name, r in results.items():
         print(f"{name:24s} best {r['best_s']:.3f} s   all " +
