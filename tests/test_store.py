@@ -55,8 +55,10 @@ def counts(monkeypatch):
 def test_save_and_open_round_trip(saved, tmp_path):
     a, x, a2, x2 = saved
     group = zarr.open_group(tmp_path / "x", mode="r")
-    assert dict(group.attrs) == {"format": "src_dask.train", "version": 1, "kind": "mps",
-                                 "sites": 8, "layout": "lrp"}
+    attrs = dict(group.attrs)
+    assert len(attrs.pop("id")) == 32  # a fresh uuid4 hex per save
+    assert attrs == {"format": "src_dask.train", "version": 2, "kind": "mps", "sites": 8,
+                     "layout": "lrp", "complete": True}
     for j, core in enumerate(x):
         arr = group[f"site_{j}"]
         assert arr.shape == core.shape and arr.dtype == core.dtype
@@ -292,7 +294,8 @@ def test_a_full_disk_fails_early(tmp_path, counts):
             capture_output=True, check=False).returncode != 0:
         pytest.skip("needs root to mount a small file system")
     try:
-        a, x = random_mpo(6, 4, seed=0), random_mps(6, 32, seed=0)
+        # 12 sites: bonds up to 4·32 = 128 (at 6 sites the physical legs cap them at 8)
+        a, x = random_mpo(12, 4, seed=0), random_mps(12, 32, seed=0)
         with pytest.raises(OSError, match=rf"{small}/run: the run store needs \d+ bytes"):
             src_dask.apply(a, x, 64, store=small / "run")
         assert os.listdir(small) == []

@@ -6,15 +6,16 @@ import logging
 import math
 import numbers
 import os
+from functools import partial
 from typing import Any, TextIO
 
 import dask
 import dask.utils
 
-from . import _graph, _progress, _random
+from . import _graph, _progress, _random, _runstore
 from ._cluster import choose_device, worker_memory
 from ._kernels import is_in_memory
-from ._runstore import RunStore
+from ._runstore import Progress, RunStore
 from ._stack import Stack, make_stack
 from .trains import TensorTrain
 
@@ -94,39 +95,55 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     cutoff = _cutoff(cutoff)
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed: expected None or a non-negative int, got {seed!r}")
+    seed = None if seed is None else int(seed)  # NumPy integers too
     if chunk is not None:
         chunk = _positive_int(chunk, "chunk")
     client = _client(client)
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
+    if store is not None:
+        store = _runstore.check_path(store)
     stack = make_stack(trains, dtype)
+    if store is not None:
+        _runstore.check_apart(store, _input_dirs(stack))
 
-    sketch = chi_out + extra
+    sketch = min(chi_out + extra, _reachable_rank(stack))
+    if sketch < chi_out + extra:
+        log.info("src: the product's bonds reach at most %d; sketching %d columns instead "
+                 "of chi_out + oversample = %d", sketch, sketch, chi_out + extra)
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
     chunk = min(chunk or _default_chunk(stack, sketch, client, device), sketch)
-    run, resume = None, None
-    if store is not None:
-        options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
-                   "dtype": stack.dtype.name, "seed": seed}
-        run, resume, seed, chunk = RunStore.prepare(
-            store, stack, {**options, "inputs": _fingerprint(stack)}, seed=seed, sketch=sketch,
-            chunk=chunk, overwrite=overwrite)
+    plan = partial(_graph.Plan, sketch=sketch, chi_out=min(chi_out, sketch), cutoff=cutoff,
+                   round=extra > 0, device=device,
+                   keep_inputs=_keep_inputs(stack, client, device))
+    if store is None:
+        # CuPy in, CuPy out (as quimb does), unless a client gets the result
+        to_host = client is not None or not all(map(_is_cupy, inputs))
+        return _run(stack, plan(chunk=chunk, key=_random.seed_key(seed), to_host=to_host),
+                    client, progress, performance_report)
+    options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
+               "dtype": stack.dtype.name, "seed": seed}
+    run, resume, seed, chunk = RunStore.prepare(
+        store, stack, {**options, "inputs": _fingerprint(stack)}, seed=seed, sketch=sketch,
+        chunk=chunk, overwrite=overwrite)
+    try:
         if run.is_complete():
             log.info("src: %s holds the finished run; not recomputing", run.path)
             return run.result(stack.kind)
-    plan = _graph.Plan(
-        sketch=sketch,
-        chunk=chunk,
-        chi_out=chi_out,
-        cutoff=cutoff,
-        key=_random.seed_key(seed),
-        round=extra > 0,
-        device=device,
-        # CuPy in, CuPy out (as quimb does), unless a client or a store gets the result
-        to_host=client is not None or store is not None or not all(map(_is_cupy, inputs)),
-        keep_inputs=_keep_inputs(stack, client, device),
-    )
+        _run(stack, plan(chunk=chunk, key=_random.seed_key(seed), to_host=True), client,
+             progress, performance_report, run, resume)
+        run.mark_complete()
+        return run.result(stack.kind)
+    finally:
+        run.release()
+
+
+def _run(stack: Stack, plan: _graph.Plan, client: Any, progress: bool | TextIO,
+         performance_report: str | None, run: RunStore | None = None,
+         resume: Progress | None = None) -> TensorTrain | None:
+    """Build the graph of the run and compute it: the result, or None when it went
+    into ``run``."""
     summary = _progress.describe(stack, plan, client)
     log.info("src: %s", summary)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
@@ -140,10 +157,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores = _compute(graph, client, launch_only=not plan.to_host)
-    if run is not None:
-        run.mark_complete()
-        return run.result(stack.kind)
-    return TensorTrain(list(cores), stack.kind, name="result")
+    return None if run is not None else TensorTrain(list(cores), stack.kind, name="result")
 
 
 def _compute(graph: Any, client: Any, launch_only: bool = False) -> list[Any]:
@@ -239,6 +253,46 @@ def _fingerprint(stack: Stack) -> list:
     return [[f.train.kind, f.transpose,
              [[list(c.shape), tokenize(f.train.source(j))] for j, c in enumerate(f.train)]]
             for f in stack.factors]
+
+
+def _reachable_rank(stack: Stack) -> int:
+    """The largest rank the product can have at any cut: the product of the bonds
+    there, capped by the physical dimensions on either side. More sketch columns
+    than this add nothing but memory."""
+    right = [1] * (stack.n + 1)
+    for j in range(stack.n - 1, -1, -1):
+        right[j] = min(right[j + 1] * stack.up(j) * stack.down(j), 2**62)
+    return max(min(stack.max_rank(j), right[j]) for j in range(1, stack.n))
+
+
+def _input_dirs(stack: Stack) -> dict[str, str]:
+    """The directories the inputs are read from (Zarr stores on the local file
+    system), named for error messages: a run store must keep apart from them."""
+    dirs: dict[str, str] = {}
+    for f in stack.factors:
+        for j in range(stack.n):
+            for arr in _zarr_arrays(f.train.source(j)):
+                root = getattr(getattr(arr, "store_path", None), "store", None)
+                root = getattr(root, "root", None)
+                if root is not None:
+                    dirs.setdefault(os.path.realpath(os.fspath(root)),
+                                    f"{f.train.name} (site {j})")
+    return {name: where for where, name in dirs.items()}
+
+
+def _zarr_arrays(x: Any) -> list[Any]:
+    """The Zarr arrays behind ``x``: itself, the array of a verified reader, or the
+    arrays in a Dask array's graph."""
+    if hasattr(x, "store_path"):
+        return [x]
+    if hasattr(getattr(x, "array", None), "store_path"):
+        return [x.array]
+    if hasattr(x, "__dask_graph__"):
+        found = []
+        for v in dict(x.__dask_graph__()).values():
+            found += _zarr_arrays(v) if not hasattr(v, "__dask_graph__") else []
+        return found
+    return []
 
 
 def _keep_inputs(stack: Stack, client: Any, device: str) -> bool:

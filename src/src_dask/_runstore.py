@@ -2,9 +2,10 @@
 
 It bounds a run's memory by disk instead of RAM, and makes it restartable::
 
-    store/                    attrs: format "src_dask.run", version, fingerprint
+    store/                    attrs: format "src_dask.run", version, run_id, fingerprint
                               (inputs and options), seed, sketch, chunk, sites,
                               complete (written last: only then is it a result)
+    store/.src_dask.lock      the writer's host, pid and run (one writer per store)
     store/env/site_j          C_j, (s, a_1, …, a_k), chunked along s by blocks
                               of sketch columns; written by pass 1, read by pass 2
     store/progress            attrs: pass2_next (the next site pass 2 will do);
@@ -13,6 +14,13 @@ It bounds a run's memory by disk instead of RAM, and makes it restartable::
     store/S/site_j            the right environment pass 2 resumes from
     store/result/site_j       the output cores in quimb's layout
 
+Safety rules (the README's "Safety" section): a directory is replaced only if it
+is a run store (its ``zarr.json`` says so), and then only the entries a run
+writes are deleted; every array is verifiable (:mod:`._integrity`), and a resumed
+run checks what an earlier one left and recomputes what is damaged; a lock
+file keeps a second process out while a run is on; a result read lazily from
+the store raises once another run has replaced it.
+
 Workers read and write it by path, so it must be on a file system they share
 (the local disk of a LocalCluster, a parallel file system under Slurm).
 """
@@ -20,9 +28,12 @@ Workers read and write it by path, so it must be on a file system they share
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +41,22 @@ from typing import Any
 import numpy as np
 import zarr
 
+from . import _integrity
 from ._stack import Stack
+from .errors import DamagedDataError, PathRefusedError, StoreError, StoreLockedError
 from .trains import TensorTrain
 from .trains import _to_numpy as to_numpy
 
+log = logging.getLogger("src_dask")
+
 FORMAT = "src_dask.run"
-VERSION = 1
+VERSION = 2
+LOCK = ".src_dask.lock"
+#: What a run writes at the top of its store: all that ``overwrite`` deletes.
+_ENTRIES = ("zarr.json", "env", "progress", "eta", "S", "result")
+#: Attributes a store must have, and their types.
+_ATTRS = {"format": str, "version": int, "run_id": str, "fingerprint": dict, "seed": int,
+          "sketch": int, "chunk": int, "sites": int, "complete": bool}
 
 
 @dataclass(frozen=True)
@@ -51,12 +72,13 @@ class Progress:
 
 
 def planned_bytes(stack: Stack, sketch: int) -> int:
-    """Disk a run will need: environments, two checkpoints of S, η and the result."""
+    """Disk a run will need: environments, two checkpoints of S, η and the result
+    (plus metadata and a checksum per chunk)."""
     item = stack.dtype.itemsize
     envs = sum(sketch * math.prod(stack.left_bonds(j)) for j in range(1, stack.n))
     s_env = 2 * max(sketch * math.prod(stack.left_bonds(j)) for j in range(stack.n))
     cores = 2 * sum(sketch * sketch * stack.up(j) * stack.down(j) for j in range(stack.n))
-    return (envs + s_env + cores) * item
+    return (envs + s_env + cores) * item + 2**16 * (stack.n + 1)
 
 
 def _check_disk(path: str, need: int) -> None:
@@ -77,80 +99,257 @@ def _check_disk(path: str, need: int) -> None:
         raise OSError(28, f"{path}: the run store needs {need} bytes but only {free} are free")
 
 
+def check_path(store: Any) -> str:
+    """The absolute, symlink-resolved path of a ``store`` argument; refuses what
+    cannot be a store before anything is touched."""
+    if not isinstance(store, (str, os.PathLike)):
+        raise TypeError(f"store: expected a path (str or os.PathLike), got "
+                        f"{type(store).__name__}")
+    text = os.fspath(store)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise ValueError("store: empty path; name a directory for the run store")
+    path = os.path.realpath(text)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise PathRefusedError(f"{path}: is a file, not a run store directory")
+    cwd = os.path.realpath(os.getcwd())
+    if os.path.commonpath([path, cwd]) == path:
+        raise PathRefusedError(f"{path}: is the working directory or one of its parents; "
+                               "name a directory of its own for the run store")
+    return path
+
+
+def check_apart(path: str, inputs: dict[str, str], what: str = "store") -> None:
+    """Refuse ``path`` if it is, is inside, or contains the directory of an input
+    (``inputs``: name → directory), before any work."""
+    for name, where in inputs.items():
+        common = os.path.commonpath([path, where])
+        if common in (path, where):
+            how = ("is" if path == where else "is inside" if common == where else "contains")
+            raise PathRefusedError(f"{what} {path}: {how} the directory of input {name} "
+                                   f"({where}); choose a path apart from the inputs")
+
+
+def read_attrs(path: str) -> dict | None:
+    """The attributes of the Zarr group at ``path``; None for nothing or an empty
+    directory; {} for a directory that is not a Zarr group."""
+    if not os.path.isdir(path) or not [e for e in os.listdir(path) if e != LOCK]:
+        return None
+    try:
+        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return attrs if isinstance(attrs, dict) else {}
+
+
 class RunStore:
     """One run's store, opened by the client and (by path) by the workers."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, run_id: str | None = None):
         self.path = path
+        self.run_id = run_id
+        self._lock: _Lock | None = None
 
     # -- client side ------------------------------------------------------
     @classmethod
-    def prepare(cls, path: str | os.PathLike, stack: Stack, fingerprint: dict, *,
+    def prepare(cls, path: str, stack: Stack, fingerprint: dict, *,
                 seed: int | None, sketch: int, chunk: int,
                 overwrite: bool) -> tuple[RunStore, Progress, int, int]:
-        """Open or create the store; returns it, the progress, the seed and the chunk.
+        """Open or create the store at ``path`` (from :func:`check_path`) and lock it;
+        returns it, the progress, the seed and the chunk. Call :meth:`release` when
+        the run ends.
 
-        A store made by other inputs or options is refused (unless
-        ``overwrite``); a store of the same run resumes with its seed and chunk.
+        A store made by other inputs or options is refused (unless ``overwrite``);
+        a store of the same run resumes with its seed and chunk, after checking what
+        the earlier run left. A directory that is not a run store is never touched.
         """
-        path = os.path.abspath(os.fspath(path))
-        attrs = _read_attrs(path)
-        if attrs is not None and not overwrite:
-            if attrs.get("format") != FORMAT:
-                raise ValueError(f"{path}: exists and is not a src_dask run store; "
-                                 "pass overwrite=True to replace it")
-            stored = attrs["fingerprint"]
-            if seed is None:
-                fingerprint = {**fingerprint, "seed": stored.get("seed")}
-            if stored != _jsonable(fingerprint):
-                diff = sorted(k for k in set(stored) | set(fingerprint)
-                              if stored.get(k) != _jsonable(fingerprint).get(k))
-                raise ValueError(f"{path}: holds a run of other inputs or options (differs in "
-                                 f"{', '.join(diff)}); pass overwrite=True to replace it")
-            store = cls(path)
-            return store, store._progress(attrs), attrs["seed"], attrs["chunk"]
+        attrs = read_attrs(path)
+        if attrs is not None and attrs.get("format") != FORMAT:
+            raise PathRefusedError(
+                f"{path}: exists and is not a src_dask run store; src_dask does not replace "
+                "it (choose another path, or remove it yourself)")
+        if attrs is None:
+            _check_disk(path, planned_bytes(stack, sketch))
+        made = not os.path.exists(path)
+        os.makedirs(path, exist_ok=True)
+        lock = _Lock(path)
+        try:
+            lock.acquire()
+        except BaseException:
+            if made:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        try:
+            store, progress, seed, chunk = cls._open_locked(
+                path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
+                overwrite=overwrite, made=made)
+        except BaseException:
+            lock.release()
+            if made and os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+            raise
+        store._lock = lock
+        return store, progress, seed, chunk
 
-        need = planned_bytes(stack, sketch)
-        _check_disk(path, need)
+    @classmethod
+    def _open_locked(cls, path: str, stack: Stack, fingerprint: dict, *, seed: int | None,
+                     sketch: int, chunk: int, overwrite: bool,
+                     made: bool) -> tuple[RunStore, Progress, int, int]:
+        attrs = read_attrs(path)  # again: another process may have written it meanwhile
+        if attrs is not None:
+            if attrs.get("format") != FORMAT:
+                raise PathRefusedError(f"{path}: exists and is not a src_dask run store; "
+                                       "src_dask does not replace it")
+            problem = _metadata_problem(attrs, stack.n)
+            wanted = _jsonable({**fingerprint, "seed": attrs.get("seed") if seed is None
+                                else seed})
+            if problem is None and attrs["fingerprint"] == wanted:
+                store = cls(path, attrs["run_id"])
+                return store, store._checked_progress(attrs, stack), attrs["seed"], \
+                    attrs["chunk"]
+            if not overwrite:
+                if problem is not None:
+                    raise StoreError(f"{path}: the run store's metadata is damaged ({problem});"
+                                     " pass overwrite=True to start the run anew")
+                stored = attrs["fingerprint"]
+                diff = sorted(k for k in set(stored) | set(wanted)
+                              if stored.get(k) != wanted.get(k))
+                raise StoreError(f"{path}: holds a run of other inputs or options (differs in "
+                                 f"{', '.join(diff)}); pass overwrite=True to replace it")
+            _check_disk(path, planned_bytes(stack, sketch))
+            _remove_run(path)
+        return cls._create(path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
+                           made=made)
+
+    @classmethod
+    def _create(cls, path: str, stack: Stack, fingerprint: dict, *, seed: int | None,
+                sketch: int, chunk: int, made: bool) -> tuple[RunStore, Progress, int, int]:
+        """A new store; on any failure nothing of it stays behind."""
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
-        fingerprint = {**fingerprint, "seed": seed}
-        group = zarr.open_group(path, mode="w")
-        group.attrs.update({"format": FORMAT, "version": VERSION,
-                            "fingerprint": _jsonable(fingerprint), "seed": seed,
-                            "sketch": sketch, "chunk": chunk, "sites": stack.n,
-                            "bytes_planned": need, "complete": False})
-        for j in range(1, stack.n):
-            bonds = stack.left_bonds(j)
-            group.create_array(f"env/site_{j}", shape=(sketch, *bonds), dtype=stack.dtype,
-                               chunks=(chunk, *bonds), compressors=None)
-        blocks = math.ceil(sketch / chunk)
-        progress = group.create_group("progress")
-        progress.create_array("pass1", shape=(blocks,), chunks=(1,), dtype="int8",
-                              fill_value=0)
-        progress.attrs["pass2_next"] = stack.n - 1
-        return cls(path), Progress((False,) * blocks, stack.n - 1), seed, chunk
+        run_id = uuid.uuid4().hex
+        try:
+            group = zarr.open_group(path, mode="a")
+            for j in range(1, stack.n):
+                bonds = stack.left_bonds(j)
+                _integrity.create(group, f"env/site_{j}", (sketch, *bonds), stack.dtype,
+                                  (chunk, *bonds))
+            blocks = math.ceil(sketch / chunk)
+            progress = group.create_group("progress")
+            _integrity.create(progress, "pass1", (blocks,), "int8", (1,))[...] = 0
+            progress.attrs["pass2_next"] = stack.n - 1
+            # the group's attributes last: only a whole store reads as a run store
+            group.attrs.update({"format": FORMAT, "version": VERSION, "run_id": run_id,
+                                "fingerprint": _jsonable({**fingerprint, "seed": seed}),
+                                "seed": seed, "sketch": sketch, "chunk": chunk,
+                                "sites": stack.n, "bytes_planned": planned_bytes(stack, sketch),
+                                "complete": False})
+        except BaseException:
+            _remove_run(path)
+            raise
+        return cls(path, run_id), Progress((False,) * blocks, stack.n - 1), seed, chunk
 
-    def _progress(self, attrs: dict) -> Progress:
-        group = zarr.open_group(self.path, mode="r")
-        done = tuple(bool(v) for v in group["progress/pass1"][...])
-        return Progress(done, int(group["progress"].attrs["pass2_next"]))
+    def _checked_progress(self, attrs: dict, stack: Stack) -> Progress:
+        """What an earlier run left, verified: blocks of pass 1 whose environments
+        are missing or damaged are done again, and pass 2 starts over when its
+        checkpoint is damaged. A store marked complete must hold its whole result."""
+        n = stack.n
+        group = self._open_group("r")
+        if attrs["complete"]:
+            for j in range(n):
+                arr = self._array(group, f"result/site_{j}")
+                lost = _integrity.missing_chunks(arr)
+                if lost:
+                    raise DamagedDataError(f"{self.path}: result/site_{j} (site {j}): "
+                                           f"{len(lost)} chunk(s) missing; pass "
+                                           "overwrite=True to compute the run anew")
+            return Progress((True,) * math.ceil(attrs["sketch"] / attrs["chunk"]), 0)
+        blocks = math.ceil(attrs["sketch"] / attrs["chunk"])
+        try:
+            done = _integrity.read(self._array(group, "progress/pass1"),
+                                   what=f"{self.path}: progress/pass1")
+            if done.shape != (blocks,):
+                raise DamagedDataError(f"pass1 has shape {done.shape}, expected ({blocks},)")
+        except DamagedDataError as err:
+            log.warning("src: %s; redoing pass 1", err)
+            done = np.zeros(blocks)
+        pass1 = [bool(v) for v in done]
+        for c in range(blocks):
+            if pass1[c] and not self._block_intact(group, c, n):
+                pass1[c] = False
+        nxt = group["progress"].attrs.get("pass2_next") if "progress" in group else None
+        if not isinstance(nxt, int) or isinstance(nxt, bool) or not 0 <= nxt <= n - 1:
+            raise StoreError(f"{self.path}: the run store's metadata is damaged "
+                             f"(progress pass2_next is {nxt!r}, expected an int in 0…{n - 1});"
+                             " pass overwrite=True to start the run anew")
+        if nxt < n - 1 and not self._pass2_intact(nxt, n):
+            nxt = n - 1
+        return Progress(tuple(pass1), nxt)
+
+    def _block_intact(self, group: zarr.Group, block: int, n: int) -> bool:
+        """Whether block ``block``'s environments are all there and decode."""
+        chunk = group.attrs["chunk"]
+        rows = slice(block * chunk, (block + 1) * chunk)
+        for j in range(1, n):
+            try:
+                arr = self._array(group, f"env/site_{j}")
+                _integrity.read(arr, (rows,), what=f"{self.path}: env/site_{j}", finite=False)
+            except DamagedDataError as err:
+                log.warning("src: %s (block %d of pass 1); recomputing the block", err, block)
+                return False
+        return True
+
+    def _pass2_intact(self, nxt: int, n: int) -> bool:
+        """Whether pass 2's checkpoint (η of the sites done, S to resume from) reads."""
+        try:
+            for j in range(nxt + 1, n):
+                self.read_eta(j)
+            self.read_right_env(nxt)
+        except DamagedDataError as err:
+            log.warning("src: %s; pass 2 starts over", err)
+            return False
+        return True
+
+    def _array(self, group: zarr.Group, name: str) -> Any:
+        try:
+            return group[name]
+        except KeyError:
+            raise DamagedDataError(f"{self.path}: {name} is missing from the run store"
+                                   ) from None
+
+    def _open_group(self, mode: str) -> zarr.Group:
+        try:
+            return zarr.open_group(self.path, mode=mode)
+        except Exception as err:  # noqa: BLE001 - any failure here is a damaged store
+            raise StoreError(f"{self.path}: cannot open the run store "
+                             f"({type(err).__name__}: {err})") from err
+
+    def release(self) -> None:
+        """Give up the lock (the end of the run, however it ended)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def is_complete(self) -> bool:
-        return bool(_read_attrs(self.path).get("complete"))
+        return bool((read_attrs(self.path) or {}).get("complete"))
 
     def mark_complete(self) -> None:
         """Written last: from here on the store reads as a finished result."""
-        zarr.open_group(self.path, mode="r+").attrs["complete"] = True
+        self._open_group("r+").attrs["complete"] = True
 
     def result(self, kind: str) -> TensorTrain:
-        """The output train, as Dask arrays over ``result/site_j``."""
-        import dask.array as da
-
-        group = zarr.open_group(self.path, mode="r")
-        arrays = [group[f"result/site_{j}"] for j in range(group.attrs["sites"])]
-        return TensorTrain([da.from_zarr(a) for a in arrays], kind, name=self.path,
-                           sources=arrays)
+        """The output train, as Dask arrays over ``result/site_j``: read through
+        checksums, and refused once another run has replaced this one."""
+        group = self._open_group("r")
+        guard = _SameRun(self.path, self.run_id)
+        verified = [_integrity.VerifiedArray(self._array(group, f"result/site_{j}"),
+                                             f"{self.path}: result/site_{j} (site {j})", guard)
+                    for j in range(group.attrs["sites"])]
+        return TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
+                           sources=verified)
 
     # -- worker side (inside tasks) ---------------------------------------------
     def _group(self) -> zarr.Group:
@@ -161,7 +360,9 @@ class RunStore:
         arr[start:start + env.shape[0]] = to_numpy(env)
 
     def read_env(self, site: int, start: int, stop: int) -> np.ndarray:
-        return zarr.open_array(f"{self.path}/env/site_{site}", mode="r")[start:stop]
+        arr = zarr.open_array(f"{self.path}/env/site_{site}", mode="r")
+        return _integrity.read(arr, (slice(start, stop),),
+                               what=f"{self.path}: env/site_{site} (site {site})", finite=False)
 
     def mark_block_done(self, block: int) -> None:
         zarr.open_array(f"{self.path}/progress/pass1", mode="r+")[block] = 1
@@ -175,36 +376,149 @@ class RunStore:
         if f"S/site_{site}" in group:
             del group[f"S/site_{site}"]
 
+    def _read_whole(self, name: str, site: int) -> np.ndarray:
+        try:
+            arr = zarr.open_array(f"{self.path}/{name}", mode="r")
+        except Exception as err:  # noqa: BLE001 - missing or unreadable: damaged
+            raise DamagedDataError(f"{self.path}: {name} (site {site}) is missing or "
+                                   "unreadable") from err
+        return _integrity.read(arr, what=f"{self.path}: {name} (site {site})")
+
     def read_eta(self, site: int) -> np.ndarray:
-        return zarr.open_array(f"{self.path}/eta/site_{site}", mode="r")[...]
+        return self._read_whole(f"eta/site_{site}", site)
 
     def read_right_env(self, site: int) -> np.ndarray:
-        return zarr.open_array(f"{self.path}/S/site_{site}", mode="r")[...]
+        return self._read_whole(f"S/site_{site}", site)
 
     def write_result(self, site: int, core: np.ndarray) -> tuple[int, ...]:
         _write_whole(self._group(), f"result/site_{site}", core)
         return tuple(core.shape)
 
 
+class _SameRun:
+    """Raises when the store at ``path`` no longer holds the finished run ``run_id``
+    (called before each read of a lazily returned result)."""
+
+    def __init__(self, path: str, run_id: str | None) -> None:
+        self.path, self.run_id = path, run_id
+
+    def __call__(self) -> None:
+        attrs = read_attrs(self.path) or {}
+        if attrs.get("run_id") != self.run_id or not attrs.get("complete"):
+            raise StoreError(f"{self.path}: the run store was replaced or changed since this "
+                             "result was returned; its data is gone (compute() results you "
+                             "want to keep, or save them with src_dask.save)")
+
+
+class _Lock:
+    """An exclusive lock file in the store: host, pid and time of its owner.
+
+    A lock left by a process of this host that no longer runs is taken over,
+    with a WARNING; any other lock makes a second run fail at once.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.file = os.path.join(path, LOCK)
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                      "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex}
+
+    def acquire(self) -> None:
+        for _ in range(3):
+            try:
+                fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.owner, f)
+            return
+        raise StoreLockedError(f"{os.path.dirname(self.file)}: cannot take the lock")
+
+    def _take_over_if_stale(self) -> None:
+        store = os.path.dirname(self.file)
+        try:
+            with open(self.file, encoding="utf-8") as f:
+                owner = json.load(f)
+        except FileNotFoundError:
+            return  # released meanwhile: try again
+        except (OSError, ValueError):
+            owner = {}
+        host, pid = owner.get("host"), owner.get("pid")
+        if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
+            log.warning("src: %s: taking over the lock of process %d on %s, which no longer "
+                        "runs (an interrupted run)", store, pid, host)
+            stale = f"{self.file}.stale-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(self.file, stale)  # only one taker wins the rename
+                os.remove(stale)
+            except FileNotFoundError:
+                pass
+            return
+        who = (f"process {pid} on {host}, since {owner.get('since')}" if pid else
+               "an unreadable lock file")
+        raise StoreLockedError(f"{store}: another run is using this store ({who}); wait for "
+                               f"it to end, or remove {self.file} if that run is gone")
+
+    def release(self) -> None:
+        try:
+            with open(self.file, encoding="utf-8") as f:
+                mine = json.load(f).get("token") == self.owner["token"]
+        except (OSError, ValueError):
+            return
+        if mine:
+            os.remove(self.file)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _metadata_problem(attrs: dict, sites: int) -> str | None:
+    """What is wrong with a run store's attributes (hand-edited, or another
+    version), or None."""
+    for key, kind in _ATTRS.items():
+        value = attrs.get(key)
+        if key not in attrs:
+            return f"{key} is missing"
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{key} is {value!r}, expected {kind.__name__}"
+    if attrs["version"] != VERSION:
+        return f"format version {attrs['version']}, this src_dask writes {VERSION}"
+    if attrs["sketch"] < 1 or not 1 <= attrs["chunk"] <= attrs["sketch"]:
+        return f"sketch {attrs['sketch']} and chunk {attrs['chunk']} do not make blocks"
+    if attrs["sites"] != sites or attrs["seed"] < 0:
+        return f"sites {attrs['sites']}, seed {attrs['seed']}"
+    return None
+
+
+def _remove_run(path: str) -> None:
+    """Delete what a run writes at ``path`` (and nothing else: not the lock, not
+    files someone else put there)."""
+    for name in _ENTRIES:
+        where = os.path.join(path, name)
+        if os.path.isdir(where) and not os.path.islink(where):
+            shutil.rmtree(where)
+        elif os.path.lexists(where):
+            os.remove(where)
+    left = [e for e in os.listdir(path) if e != LOCK] if os.path.isdir(path) else []
+    if left:
+        log.warning("src: %s: kept %d entries that a run does not write (%s)", path, len(left),
+                    ", ".join(sorted(left)[:5]))
+
+
 def _write_whole(group: zarr.Group, name: str, x: Any) -> None:
     from .storage import chunks_for
 
     x = to_numpy(x)
-    arr = group.create_array(name, shape=x.shape, dtype=x.dtype, overwrite=True,
-                             chunks=chunks_for(x.shape, x.dtype.itemsize), compressors=None)
+    arr = _integrity.create(group, name, x.shape, x.dtype,
+                            chunks_for(x.shape, x.dtype.itemsize), overwrite=True)
     arr[...] = x
-
-
-def _read_attrs(path: str) -> dict | None:
-    """The group attributes at ``path``; None when nothing is there."""
-    if not os.path.exists(path):
-        return None
-    if os.path.isdir(path) and not os.listdir(path):
-        return None
-    try:
-        return dict(zarr.open_group(path, mode="r").attrs)
-    except Exception:  # noqa: BLE001 - anything unreadable is "not a run store"
-        return {}
 
 
 def _jsonable(x: Any) -> Any:
