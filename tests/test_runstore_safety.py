@@ -299,3 +299,42 @@ def test_a_huge_chi_out_is_clamped_to_what_the_product_reaches(problem, tmp_path
     assert all(b <= r for b, r in zip(y.bond_dims, reach, strict=True))
     diff = y.norm() ** 2 + exact.norm() ** 2 - 2 * y.vdot(exact).real
     assert np.sqrt(max(diff, 0)) <= 1e-10 * exact.norm()
+
+
+_SLOW_RUN = """
+import sys, time
+import src_dask
+from src_dask import _kernels as K
+sys.path.insert(0, sys.argv[2])
+from conftest import random_mpo, random_mps
+original = K.sketch_step
+def slow(*args, **kwargs):
+    time.sleep(0.3)
+    return original(*args, **kwargs)
+K.sketch_step = slow
+src_dask.apply(random_mpo(6, 3, seed=1), random_mps(6, 5, seed=2), 8, seed=3, chunk=4,
+               store=sys.argv[1])
+"""
+
+
+def test_a_second_process_on_a_running_store_fails_at_once(problem, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    store = str(tmp_path / "run")
+    first = subprocess.Popen([sys.executable, "-c", _SLOW_RUN, store, os.path.dirname(__file__)],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(store, _runstore.LOCK)):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(StoreLockedError, match=f"process {first.pid} on "):
+            _run(problem, store)
+        with pytest.raises(StoreLockedError):
+            _run(problem, store, seed=5, overwrite=True)  # overwrite does not break a lock
+    finally:
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    _close(_run(problem, store), _ref(problem))

@@ -167,7 +167,8 @@ class RunStore:
         the earlier run left. A directory that is not a run store is never touched.
         """
         attrs = read_attrs(path)
-        if attrs is not None and attrs.get("format") != FORMAT:
+        running = os.path.exists(os.path.join(path, LOCK))  # a run may be setting it up
+        if attrs is not None and attrs.get("format") != FORMAT and not running:
             raise PathRefusedError(
                 f"{path}: exists and is not a src_dask run store; src_dask does not replace "
                 "it (choose another path, or remove it yourself)")
@@ -232,7 +233,10 @@ class RunStore:
             seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
         run_id = uuid.uuid4().hex
         try:
-            group = zarr.open_group(path, mode="a")
+            # ours from the start (an interrupted set-up can be replaced with overwrite),
+            # but whole only once the last attributes are written
+            group = zarr.open_group(path, mode="a", attributes={
+                "format": FORMAT, "version": VERSION, "run_id": run_id, "complete": False})
             for j in range(1, stack.n):
                 bonds = stack.left_bonds(j)
                 _integrity.create(group, f"env/site_{j}", (sketch, *bonds), stack.dtype,
