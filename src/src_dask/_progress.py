@@ -205,7 +205,7 @@ class TextDisplay:
         self.stream = stream
         try:
             self.tty = bool(stream.isatty())
-        except (AttributeError, ValueError):
+        except Exception:  # noqa: BLE001 - no isatty, a closed or broken stream: not a terminal
             self.tty = False
         self.every = 0.1 if self.tty else every
         self.lock = threading.Lock()
@@ -293,16 +293,64 @@ class NotebookDisplay:
             self._draw(tally, state)
 
 
+class Advisory:
+    """A display whose failures never reach the run: the first exception it raises
+    (a full disk, a closed stream, a broken widget) drops the bar with one WARNING
+    on the ``src_dask`` log, and every later call does nothing.
+
+    ``update`` is called inside Dask's callbacks (local schedulers) and in the
+    client's event loop (:class:`ClusterWatcher`), ``close`` at the end of the run:
+    an exception in any of them would abort the run or replace its result or error.
+    """
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.broken:
+            return
+        try:
+            getattr(self.display, method)(*args)
+        except Exception as err:  # noqa: BLE001 - the bar is advisory, the run goes on
+            with self.lock:
+                if self.broken:
+                    return
+                self.broken = True
+            what = ("write to the progress stream" if isinstance(self.display, TextDisplay)
+                    else "draw the progress bar")
+            log.warning("progress: cannot %s (%s: %s); continuing without it", what,
+                        type(err).__name__, err)
+
+    def update(self, tally: Tally) -> None:
+        self._call("update", tally)
+
+    def close(self, tally: Tally, state: str) -> None:
+        self._call("close", tally, state)
+
+
 def display_for(progress: bool | TextIO) -> Display | None:
     """The display ``progress`` asks for: True is a notebook bar in a Jupyter kernel,
-    else text on stderr; a stream gets text."""
+    else text on stderr; a stream gets text. Failures to draw it are :class:`Advisory`."""
     if progress is False:
         return None
     if progress is True:
         from distributed.utils import is_kernel
 
-        return NotebookDisplay() if is_kernel() else TextDisplay(sys.stderr)
-    return TextDisplay(progress)
+        return _advisory(NotebookDisplay if is_kernel() else lambda: TextDisplay(sys.stderr))
+    return _advisory(lambda: TextDisplay(progress))
+
+
+def _advisory(make: Any) -> Display | None:
+    """``make()`` as an :class:`Advisory` display; None (no bar, one WARNING) if even
+    making it fails (e.g. a notebook display that cannot be shown)."""
+    try:
+        return Advisory(make())
+    except Exception as err:  # noqa: BLE001 - the bar is advisory, the run goes on
+        log.warning("progress: cannot show the progress bar (%s: %s); continuing without it",
+                    type(err).__name__, err)
+        return None
 
 
 # -- watchers ----------------------------------------------------------------------

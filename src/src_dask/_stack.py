@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ._kernels import all_finite, is_in_memory
-from .trains import Kind, TensorTrain, as_train
+from .trains import Kind, TensorTrain, _unknown_shape, _unknown_shape_error, as_train
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
@@ -143,6 +143,10 @@ def make_stack(trains: tuple[Any, ...], dtype: Any = None) -> Stack:
     if not trains:
         raise ValueError("src needs at least one train")
     tts = [as_train(t, name=f"trains[{i}]") for i, t in enumerate(trains)]
+    for i, t in enumerate(tts):  # the constructor checks too; a subclass may not call it
+        for j, c in enumerate(t):
+            if _unknown_shape(c):
+                raise _unknown_shape_error(c, f"trains[{i}]", j)
     n = len(tts[0])
     for i, t in enumerate(tts[1:], 1):
         if len(t) != n:

@@ -30,6 +30,21 @@ def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")
 
 
+def _unknown_shape(core: Any) -> bool:
+    """Whether some size of ``core`` is unknown: NaN (a Dask array after boolean
+    indexing or built from delayed values) or None."""
+    return any(s is None or s != s for s in core.shape)
+
+
+def _unknown_shape_error(core: Any, name: str, site: int) -> ValueError:
+    shape = "(" + ", ".join(str(s) for s in core.shape) + ("," if core.ndim == 1 else "") + ")"
+    if type(core).__module__.startswith("dask"):
+        return ValueError(f"{name}, site {site}: a Dask core of unknown shape {shape}; call "
+                          ".compute_chunk_sizes() first")
+    return ValueError(f"{name}, site {site}: a core of unknown shape {shape}; every size must "
+                      "be known before the train is used")
+
+
 def _site_role(site: int, n: int) -> int:
     """0 for the first site, 2 for the last, 1 in between."""
     return 0 if site == 0 else 2 if site == n - 1 else 1
@@ -72,6 +87,9 @@ class TensorTrain(Sequence):
                 raise TypeError(
                     f"{name}, site {j}: expected an array, got {type(core).__name__}"
                 )
+        for j, core in enumerate(cores):  # before any size is used (nothing is computed)
+            if _unknown_shape(core):
+                raise _unknown_shape_error(core, name, j)
         if kind is None:
             kind = {2: "mps", 3: "mpo"}.get(cores[0].ndim)
             if kind is None:
@@ -165,16 +183,42 @@ class TensorTrain(Sequence):
             return qtn.MatrixProductState(arrays, shape="lrp")
         return qtn.MatrixProductOperator(arrays, shape="lrud")
 
-    def vdot(self, other: TensorTrain) -> complex:
-        """``<self|other>`` (self conjugated) of two MPS, or the Frobenius product of two MPOs."""
-        if other.kind != self.kind or len(other) != len(self):
-            raise ValueError("vdot needs two trains of the same kind and length")
+    def vdot(self, other: Any) -> complex:
+        """``<self|other>`` (self conjugated) of two MPS, or the Frobenius product of two MPOs.
+
+        ``other`` is anything :func:`as_train` accepts (a TensorTrain, a quimb
+        MPS/MPO, a sequence of per-site arrays). The two trains must have the same
+        kind, length and physical legs at every site (their bonds may differ);
+        this is checked from the shapes, before anything is computed.
+        """
+        other = as_train(other, name="vdot: other")
+        if other.kind != self.kind:
+            raise ValueError(f"vdot: this train ({self.name}) is an {self.kind.upper()} but the "
+                             f"other is an {other.kind.upper()}; both must be MPS or both MPO")
+        if len(other) != len(self):
+            raise ValueError(f"vdot: this train ({self.name}) has {len(self)} sites but the "
+                             f"other has {len(other)}; they need the same number of sites")
+        legs = "physical leg (p)" if self.kind == "mps" else "physical legs (u, d)"
+        for j, (mine, theirs) in enumerate(zip(self.phys_dims, other.phys_dims, strict=True)):
+            if mine != theirs:
+                raise ValueError(
+                    f"vdot: site {j}: {legs} {_legs_text(mine)} in this train ({self.name}) but "
+                    f"{_legs_text(theirs)} in the other; both trains need the same physical "
+                    "legs at every site")
         n = len(self)
         env = np.ones((1, 1))
         for j, (a, b) in enumerate(zip(self.to_numpy(), other.to_numpy(), strict=True)):
-            a, b = _pad_ends(a, j, n), _pad_ends(b, j, n)
-            a, b = a.reshape(a.shape[0], a.shape[1], -1), b.reshape(b.shape[0], b.shape[1], -1)
-            env = np.einsum("lL,lrp,LRp->rR", env, a.conj(), b, optimize=True)
+            shapes = a.shape, b.shape
+            try:
+                a, b = _pad_ends(a, j, n), _pad_ends(b, j, n)
+                a, b = (a.reshape(a.shape[0], a.shape[1], -1),
+                        b.reshape(b.shape[0], b.shape[1], -1))
+                env = np.einsum("lL,lrp,LRp->rR", env, a.conj(), b, optimize=True)
+            except ValueError as err:  # computed cores unlike their declared shapes
+                raise ValueError(
+                    f"vdot: site {j}: cannot contract this train's core of shape {shapes[0]} "
+                    f"with the other's of shape {shapes[1]} (left bonds {env.shape[0]} and "
+                    f"{env.shape[1]}): {err}") from err
         return complex(env[0, 0])
 
     def norm(self) -> float:
@@ -199,6 +243,11 @@ class TensorTrain(Sequence):
             acc = np.einsum("lUD,lrud->rUuDd", acc, a)
             acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
         return acc[0]
+
+
+def _legs_text(dims: tuple[int, ...]) -> str:
+    """Physical legs for a message: ``2`` for an MPS, ``(2, 3)`` for an MPO."""
+    return str(dims[0]) if len(dims) == 1 else str(dims)
 
 
 def _pad_ends(a: np.ndarray, j: int, n: int) -> np.ndarray:
