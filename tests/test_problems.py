@@ -124,3 +124,8 @@ def test_hamiltonian_dtypes_and_quimb_layout(dtype):
     np.testing.assert_allclose(h.to_quimb().to_dense(), ref, rtol=0, atol=tol)
     i = problems.ising(4, 1.0, 0.5, dtype=dtype)
     assert [c.shape for c in i] == [(3, 2, 2), (3, 3, 2, 2), (3, 3, 2, 2), (3, 2, 2)]
+
+
+def test_stack_bond_sets_the_bonds_of_n_v_and_u():
+    s = problems.stack(5, dm=7, bond=3, phys=2)
+    assert {name: max(t.bond_dims) for name, t in s.items()} == {"N": 3, "V": 3, "M": 7, "U": 3}

@@ -156,8 +156,8 @@ def stack(sites: int = 50, dm: int = 1000, *, phys: int = 4, bond: int = 4,
     computed or saved, so the 51 GB stack (``dm=2000``) costs no memory here.
     """
     seed = _positive(seed, "seed", 0)
-    _positive(dm, "dm")
-    return {name: stack_mpo(sites, b or dm, phys, dtype=dtype, seed=seed + i)
+    _positive(dm, "dm"), _positive(bond, "bond")
+    return {name: stack_mpo(sites, dm if b is None else bond, phys, dtype=dtype, seed=seed + i)
             for i, (name, b) in enumerate(STACK_FACTORS)}
 
 
