@@ -82,7 +82,11 @@ class Plan:
 
 
 def _is_zarr(x: Any) -> bool:
-    return type(x).__module__.startswith("zarr")
+    """A stored array read whole by a task of its own: Zarr, or a verified one
+    (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk)."""
+    from ._integrity import VerifiedArray
+
+    return isinstance(x, VerifiedArray) or type(x).__module__.startswith("zarr")
 
 
 def _read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
@@ -95,7 +99,14 @@ def _read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
     pages are touched for the first time there, capped reads at ~0.8 GB/s for all
     the worker's threads together; a pooled pinned buffer also spares the copy
     into pinned memory before the transfer.
+
+    A :class:`_integrity.VerifiedArray` is read through its checks (missing or
+    damaged chunks, NaN/inf, a train saved over: ``DamagedDataError``/``StoreError``).
     """
+    from ._integrity import VerifiedArray
+
+    if isinstance(x, VerifiedArray):
+        return x.read(out=_transfer.empty_pinned(x.shape, x.dtype)) if pinned else x.read()
     if not pinned or not hasattr(x, "get_basic_selection"):
         return x[...]
     from zarr.core.buffer.cpu import NDBuffer
@@ -111,9 +122,14 @@ def _prepare(raw: Any, after: Any = None, **options: Any) -> Any:
 
 
 def _lazy(core: Any) -> Any:
-    """Dask arrays stay; Zarr (and other array-likes) are wrapped without reading."""
+    """Dask arrays stay; Zarr (and other array-likes) are wrapped without reading; a
+    verified array keeps its checks (``_integrity.to_dask``)."""
+    from . import _integrity
+
     if isinstance(core, da.Array) or K.is_in_memory(core):
         return core
+    if isinstance(core, _integrity.VerifiedArray):
+        return _integrity.to_dask(core)
     return da.from_array(core, chunks=getattr(core, "chunks", "auto"), asarray=False)
 
 

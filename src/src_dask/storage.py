@@ -3,30 +3,49 @@
 Layout of a saved train::
 
     path/                   zarr group, attributes:
-        format   "src_dask.train"   version  1
+        format   "src_dask.train"   version  2
         kind     "mps" | "mpo"      sites    n
         layout   "lrp" | "lrud"     (end sites drop the missing bond)
+        id       a fresh hex id per save
+        complete True, set last: the mark of a finished save
     path/site_0 … site_{n-1}        the cores, chunked so no chunk exceeds
-                                    ``max_chunk_bytes`` (default 256 MiB)
+                                    ``max_chunk_bytes`` (default 256 MiB), with a
+                                    CRC32C checksum per chunk (``_integrity``) and
+                                    the train's id as attribute ``train_id``
+
+:func:`save` writes into a hidden sibling ``.<name>.partial-<tag>`` and renames it
+into place only when every site is written, so an interrupted save leaves the old
+train (if any) as it was and never a complete-looking new one. It replaces only an
+empty directory or, with ``overwrite=True``, a train it wrote: never anything else.
 
 :func:`open` gives a TensorTrain of Dask arrays over these arrays: nothing is
-read until a core is computed, so opening a 50 GB train costs no memory.
+read until a core is computed, so opening a 50 GB train costs no memory. Every
+read is verified: a missing or damaged chunk, NaN or inf, or a train saved over
+since it was opened raises (:mod:`src_dask.errors`) instead of giving numbers.
 """
 
 from __future__ import annotations
 
+import builtins
+import json
 import math
+import operator
 import os
+import shutil
+import uuid
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from .trains import TensorTrain, _to_numpy, as_train
+from . import _integrity
+from .errors import PathRefusedError, StoreError
+from .trains import _RANKS, TensorTrain, _to_numpy, as_train
 
 FORMAT = "src_dask.train"
-VERSION = 1
+VERSION = 2
 MAX_CHUNK_BYTES = 256 * 2**20
+_LAYOUT = {"mps": "lrp", "mpo": "lrud"}
 
 
 def _zarr():
@@ -49,6 +68,129 @@ def chunks_for(shape: tuple[int, ...], itemsize: int,
     return tuple(chunks)
 
 
+# -- paths ------------------------------------------------------------------------------
+def _fspath(path: Any) -> str:
+    """``path`` as a non-empty string (TypeError / ValueError otherwise)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path.strip():
+        raise ValueError(f"path: {path!r} is not a path (empty); name the directory of the "
+                         "train")
+    return path
+
+
+def _within(inner: str, outer: str) -> bool:
+    """Whether real path ``inner`` is ``outer`` or lies below it."""
+    return os.path.commonpath([inner, outer]) == outer
+
+
+def _group_attrs(path: str) -> dict | None:
+    """The attributes of the Zarr v3 group whose directory is ``path``, read straight
+    from its ``zarr.json``; None where there is no readable group."""
+    try:
+        with builtins.open(os.path.join(path, "zarr.json"), "rb") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("node_type") != "group":
+        return None
+    attrs = meta.get("attributes", {})
+    return attrs if isinstance(attrs, dict) else None
+
+
+def _is_train(path: str) -> bool:
+    attrs = _group_attrs(path)
+    return attrs is not None and attrs.get("format") == FORMAT
+
+
+def _check_target(path: str, target: str, overwrite: bool) -> str:
+    """What is at ``target`` (the real path of ``path``): ``"absent"``, ``"empty"``
+    (an empty directory) or ``"train"`` (one that ``overwrite`` allows replacing);
+    raises for anything that must not be replaced."""
+    if not os.path.lexists(target):
+        return "absent"
+    if not os.path.isdir(target):
+        what = "is a file" if os.path.isfile(target) else "is not a directory"
+        raise PathRefusedError(f"{path}: {what}, not a src_dask train; src_dask does not "
+                               "replace it (remove it yourself or choose another path)")
+    if _within(os.path.realpath(os.getcwd()), target):
+        raise PathRefusedError(f"{path}: is the current working directory or contains it; "
+                               "src_dask does not replace it (choose another path)")
+    if not os.listdir(target):
+        return "empty"
+    if not _is_train(target):
+        raise PathRefusedError(f"{path}: exists and is not a src_dask train; src_dask does "
+                               "not replace it (remove it yourself or choose another path)")
+    if not overwrite:
+        raise FileExistsError(f"{path}: already exists; pass overwrite=True to replace it")
+    return "train"
+
+
+def _stored_arrays(tt: TensorTrain) -> list[tuple[int, Any]]:
+    """(site, Zarr array) for every stored array the train's cores are read from: its
+    sources, and arrays that Dask cores wrap (``from_array`` keeps them whole in a
+    layer of their own)."""
+    found = []
+    for j in range(len(tt)):
+        candidates = [tt.source(j)]
+        core = tt[j]
+        if isinstance(core, da.Array):
+            for name, layer in core.dask.layers.items():
+                if name.startswith("original-"):
+                    candidates += list(layer.values())
+        for c in candidates:
+            if isinstance(c, _integrity.VerifiedArray):
+                c = c.array
+            if type(c).__module__.startswith("zarr") and hasattr(c, "store_path"):
+                found.append((j, c))
+    return found
+
+
+def _check_not_a_source(tt: TensorTrain, path: str, target: str) -> None:
+    """Refuse a ``target`` inside, or containing, the store a core is read from (the
+    store itself is fine: it is replaced only once every site is written)."""
+    for j, arr in _stored_arrays(tt):
+        root = getattr(arr.store_path.store, "root", None)
+        if root is None:  # not on the local file system
+            continue
+        root = os.path.realpath(os.fspath(root))
+        if target != root and (_within(target, root) or _within(root, target)):
+            raise PathRefusedError(
+                f"{path}: is inside, or contains, {root}, which site {j} of the train is "
+                "read from; writing there would destroy the data being saved (choose "
+                "another path)")
+
+
+def _check_chunks(chunks: Any, kind: str) -> tuple[int, ...] | None:
+    """``chunks`` as a tuple of positive ints of the rank of a middle core."""
+    if chunks is None:
+        return None
+    rank = _RANKS[kind][1]
+    legs = "(l, r, p)" if kind == "mps" else "(l, r, u, d)"
+    want = (f"chunks: expected {rank} positive ints, the chunk shape of a middle "
+            f"{kind.upper()} core {legs} (rank {rank}), got {chunks!r}")
+    if isinstance(chunks, (str, bytes)) or not hasattr(chunks, "__len__"):
+        raise ValueError(want)
+    if len(chunks) != rank:
+        raise ValueError(want)
+    out = []
+    for c in chunks:
+        if isinstance(c, bool):
+            raise ValueError(want)
+        try:
+            c = operator.index(c)
+        except TypeError:
+            raise ValueError(want) from None
+        if c < 1:
+            raise ValueError(want)
+        out.append(c)
+    return tuple(out)
+
+
+# -- save -------------------------------------------------------------------------------
 def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = None, *,
          max_chunk_bytes: int = MAX_CHUNK_BYTES, overwrite: bool = False) -> None:
     """Write ``train`` to a Zarr v3 group at ``path`` (see the module docstring).
@@ -57,20 +199,59 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
     missing bond axis); by default each core is chunked to stay under
     ``max_chunk_bytes``. Dask cores are written block by block without being
     gathered in memory.
+
+    ``path`` may be new, an empty directory, or (with ``overwrite=True``) a train
+    that src_dask saved, which is replaced only once the new one is complete.
+    Anything else there (a file, a directory of other things, the current working
+    directory, the store a core is read from or one around it) is refused with
+    :class:`~src_dask.errors.PathRefusedError` before anything is written. Cores
+    holding NaN or inf are refused (stored data is always finite, so NaN read back
+    means damage).
     """
-    zarr = _zarr()
+    path = _fspath(path)
     tt = as_train(train)
-    path = os.fspath(path)
-    if not overwrite and os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        raise FileExistsError(f"{path}: already exists; pass overwrite=True to replace it")
-    group = zarr.open_group(path, mode="w")
+    chunk_shape = _check_chunks(chunks, tt.kind)
+    number = isinstance(max_chunk_bytes, (int, float, np.number))
+    if isinstance(max_chunk_bytes, bool) or not number or not max_chunk_bytes > 0:
+        raise ValueError(f"max_chunk_bytes: expected a positive number of bytes, got "
+                         f"{max_chunk_bytes!r}")
+    target = os.path.realpath(path)
+    _check_not_a_source(tt, path, target)
+    _check_target(path, target, overwrite)
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = os.path.join(parent, f".{name}.partial-{tag}")
+    try:
+        _write(tt, tmp, path, chunk_shape, max_chunk_bytes)
+        _install(tmp, target, path, overwrite, os.path.join(parent, f".{name}.old-{tag}"))
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _finite(block: np.ndarray, what: str) -> np.ndarray:
+    """``block``, or a ValueError naming ``what`` where it holds NaN or inf."""
+    if block.dtype.kind in "fc" and not np.isfinite(block).all():
+        raise ValueError(f"{what}: holds NaN or inf; src_dask saves finite values only "
+                         "(NaN read back from a saved train means damaged data)")
+    return block
+
+
+def _write(tt: TensorTrain, tmp: str, path: str, chunk_shape: tuple[int, ...] | None,
+           max_chunk_bytes: int) -> None:
+    """Every site of ``tt`` into a new group at ``tmp``, the completion mark last."""
+    zarr = _zarr()
+    train_id = uuid.uuid4().hex
+    group = zarr.open_group(tmp, mode="w-")
     n = len(tt)
     group.attrs.update({"format": FORMAT, "version": VERSION, "kind": tt.kind, "sites": n,
-                        "layout": "lrp" if tt.kind == "mps" else "lrud"})
+                        "layout": _LAYOUT[tt.kind], "id": train_id, "complete": False})
     for j, core in enumerate(tt):
+        what = f"{path}, site {j}"
         dtype = np.dtype(core.dtype)
-        if chunks is not None:
-            c = list(chunks)
+        if chunk_shape is not None:
+            c = list(chunk_shape)
             if j == n - 1:
                 c.pop(1)
             if j == 0:
@@ -78,29 +259,173 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
             c = tuple(min(a, b) for a, b in zip(c, core.shape, strict=True))
         else:
             c = chunks_for(tuple(core.shape), dtype.itemsize, max_chunk_bytes)
-        arr = group.create_array(f"site_{j}", shape=core.shape, dtype=dtype, chunks=c,
-                                 compressors=None)
+        arr = _integrity.create(group, f"site_{j}", tuple(core.shape), dtype, c)
+        arr.attrs["train_id"] = train_id
         if isinstance(core, da.Array):
             # into a pre-created array: da.to_zarr with shards can lose data
-            da.store(core.rechunk(c), arr, lock=False)
+            blocks = core.rechunk(c).map_blocks(_finite, what=what, dtype=dtype)
+            da.store(blocks, arr, lock=False)
         else:
-            arr[...] = _to_numpy(core)
+            arr[...] = _finite(np.asarray(_to_numpy(core)), what)
+    group.attrs["complete"] = True  # last: only a finished save carries it
+
+
+def _install(tmp: str, target: str, path: str, overwrite: bool, old: str) -> None:
+    """Rename the finished ``tmp`` to ``target``; a train there is moved aside to
+    ``old`` first and removed once the new one is in place (put back on failure)."""
+    if _check_target(path, target, overwrite) != "train":  # checked again: things move
+        os.rename(tmp, target)  # absent, or an empty directory (which rename replaces)
+        return
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -- open -------------------------------------------------------------------------------
+class _SameTrain:
+    """The guard of an opened train's arrays: raises once the train at ``path`` is no
+    longer the save it was opened as (saved over, or removed). Picklable."""
+
+    def __init__(self, path: str, train_id: str) -> None:
+        self.path = path
+        self.train_id = train_id
+
+    def __call__(self) -> None:
+        local = "://" not in self.path
+        attrs = _group_attrs(self.path) if local else _remote_attrs(self.path)
+        if attrs is None or attrs.get("id") != self.train_id:
+            raise StoreError(f"{self.path}: was replaced by another save since it was opened "
+                             "(or removed); open it again")
+
+    def __repr__(self) -> str:
+        return f"_SameTrain({self.path!r}, {self.train_id!r})"
+
+
+def _remote_attrs(path: str) -> dict | None:
+    try:
+        return dict(_zarr().open_group(path, mode="r").attrs)
+    except Exception:  # noqa: BLE001 - gone or unreadable: not the train opened
+        return None
 
 
 def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.open
-    """The train saved at ``path`` as a TensorTrain of lazy Dask arrays."""
+    """The train saved at ``path`` as a TensorTrain of lazy Dask arrays.
+
+    Raises FileNotFoundError where nothing is saved, and
+    :class:`~src_dask.errors.StoreError` (a ValueError) naming ``path`` for anything
+    there that is not a complete train of this format. Computing a core raises
+    :class:`~src_dask.errors.DamagedDataError` for a missing or damaged chunk or
+    NaN/inf, and StoreError once the train was saved over since it was opened.
+    """
     zarr = _zarr()
-    path = os.fspath(path)
+    path = _fspath(path)
+    local = "://" not in path
+    if local:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no saved train here")
+        if not os.path.isdir(path):
+            raise StoreError(f"{path}: is a file, not a src_dask train (a directory written "
+                             "by src_dask.save)")
+        if not os.listdir(path):
+            raise FileNotFoundError(f"{path}: no saved train here (an empty directory)")
     try:
         group = zarr.open_group(path, mode="r")
+    except zarr.errors.ContainsArrayError:
+        raise StoreError(f"{path}: is a Zarr array, not a src_dask train (a group written "
+                         "by src_dask.save)") from None
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as err:
+        if local:
+            raise StoreError(f"{path}: not a src_dask train (no Zarr group here)") from err
         raise FileNotFoundError(f"{path}: no saved train here") from err
+    except Exception as err:  # noqa: BLE001 - unreadable metadata, in zarr's words
+        raise StoreError(f"{path}: not a src_dask train (its Zarr metadata cannot be read: "
+                         f"{type(err).__name__}: {err})") from err
     attrs = dict(group.attrs)
+    train_id, n, kind = _check_attrs(path, attrs)
+    guard = _SameTrain(os.path.abspath(path) if local else path, train_id)
+    missing = [j for j in range(n) if f"site_{j}" not in group]  # before any site's shape
+    if missing:
+        raise StoreError(f"{path}: incomplete train: site_{missing[0]} is missing (sites is "
+                         f"{n}, {len(missing)} missing)")
+    if f"site_{n}" in group:
+        raise StoreError(f"{path}: train metadata is damaged (sites is {n}, but site_{n} "
+                         "exists)")
+    sources = []
+    for j in range(n):
+        arr = _site(group, path, j, n, kind, train_id)
+        sources.append(_integrity.VerifiedArray(arr, f"{path}/site_{j}", guard=guard))
+    try:
+        return TensorTrain([_integrity.to_dask(v) for v in sources], kind, name=path,
+                           sources=sources)
+    except (TypeError, ValueError) as err:  # bonds that do not match: edited by hand
+        raise StoreError(str(err)) from err
+
+
+def _check_attrs(path: str, attrs: dict) -> tuple[str, int, str]:
+    """The id, number of sites and kind of the train whose group attributes are
+    ``attrs``; a StoreError naming ``path`` for anything that does not add up."""
     if attrs.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a src_dask train (format {attrs.get('format')!r})")
-    if attrs.get("version", 0) > VERSION:
-        raise ValueError(f"{path}: train format version {attrs['version']} is newer than "
-                         f"this src_dask understands ({VERSION})")
-    arrays = [group[f"site_{j}"] for j in range(attrs["sites"])]
-    return TensorTrain([da.from_zarr(a) for a in arrays], attrs["kind"], name=path,
-                       sources=arrays)
+        raise StoreError(f"{path}: not a src_dask train (format {attrs.get('format')!r})")
+    version = attrs.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise StoreError(f"{path}: train metadata is damaged (version {version!r} is not an "
+                         "int)")
+    if version < VERSION:
+        sites = attrs.get("sites")
+        sites = sites if isinstance(sites, int) else "SITES"
+        raise StoreError(
+            f"{path}: train format version {version}, written by an older src_dask without "
+            f"checksums; this src_dask reads version {VERSION}. Write it again in place: "
+            f"src_dask.save([zarr.open_group({path!r})[f'site_{{j}}'] for j in "
+            f"range({sites})], {path!r}, overwrite=True)")
+    if version > VERSION:
+        raise StoreError(f"{path}: train format version {version} is newer than this "
+                         f"src_dask understands ({VERSION})")
+    if attrs.get("complete") is not True:
+        raise StoreError(f"{path}: incomplete: an interrupted save; write it again")
+    kind = attrs.get("kind")
+    if kind not in _RANKS:
+        raise StoreError(f"{path}: train metadata is damaged (kind {kind!r}, expected 'mps' "
+                         "or 'mpo')")
+    n = attrs.get("sites")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise StoreError(f"{path}: train metadata is damaged (sites {n!r}, expected an int "
+                         ">= 2)")
+    layout = attrs.get("layout")
+    if layout != _LAYOUT[kind]:
+        raise StoreError(f"{path}: train metadata is damaged (layout {layout!r}, an "
+                         f"{kind.upper()} is stored as {_LAYOUT[kind]!r})")
+    train_id = attrs.get("id")
+    if not isinstance(train_id, str) or not train_id:
+        raise StoreError(f"{path}: train metadata is damaged (no id)")
+    return train_id, n, kind
+
+
+def _site(group: Any, path: str, j: int, n: int, kind: str, train_id: str) -> Any:
+    """The array of site ``j``, checked against the group's metadata."""
+    name = f"site_{j}"
+    try:
+        arr = group[name]
+    except KeyError:
+        raise StoreError(f"{path}: incomplete train: {name} is missing (sites is {n})"
+                         ) from None
+    except Exception as err:  # noqa: BLE001 - unreadable metadata, in zarr's words
+        raise StoreError(f"{path}: {name} cannot be read ({type(err).__name__}: {err})"
+                         ) from err
+    if not hasattr(arr, "shape"):
+        raise StoreError(f"{path}: {name} is a group, not an array")
+    want = _RANKS[kind][0 if j == 0 else 2 if j == n - 1 else 1]
+    if arr.ndim != want:
+        raise StoreError(f"{path}: {name} has rank {arr.ndim} (shape {tuple(arr.shape)}); an "
+                         f"{kind.upper()} core here has rank {want}")
+    if not _integrity.is_verifiable(arr):
+        raise StoreError(f"{path}: {name} has no checksums, so it was not written by "
+                         "src_dask.save (edited by hand?)")
+    if arr.attrs.get("train_id") != train_id:
+        raise StoreError(f"{path}: {name} belongs to another save (copied in by hand?)")
+    return arr
+
