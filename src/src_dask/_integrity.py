@@ -142,7 +142,10 @@ class VerifiedArray:
     def read(self, selection: Any = Ellipsis, out: np.ndarray | None = None) -> np.ndarray:
         if self.guard is not None:
             self.guard()
-        return read(self.array, selection, what=self.what, finite=self.finite, out=out)
+        data = read(self.array, selection, what=self.what, finite=self.finite, out=out)
+        if self.guard is not None:  # replaced while being read: the data may be mixed
+            self.guard()
+        return data
 
     def __getitem__(self, selection: Any) -> np.ndarray:
         return self.read(selection)
