@@ -59,13 +59,12 @@ def test_gpu_equals_cpu(stack, dtype, oversample):
 
 
 def test_projected_cores_in_row_blocks_on_the_gpu(monkeypatch):
-    from src_dask import _graph
 
     trains = STACKS["mpo.mpo.mps"](np.complex128)
     opts = dict(chi_out=24, seed=3, chunk=10)
     ref = _on("cpu", *trains, **opts)
-    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 200)
-    _same(_on("gpu", *trains, **opts), ref)
+    with dask.config.set({"src_dask.projection-block-size": 16 * 200}):
+        _same(_on("gpu", *trains, **opts), ref)
 
 
 def test_cupy_inputs_run_on_the_gpu():
@@ -124,7 +123,7 @@ def test_zarr_reads_land_in_pinned_memory_and_move_without_a_copy(tmp_path, monk
     x = random_mps(6, 40, seed=3)
     src_dask.save(x, tmp_path / "x", max_chunk_bytes=2**14)
     arr = zarr.open_group(tmp_path / "x", mode="r")["site_2"]
-    host = _graph._read_whole(arr, pinned=True)
+    host = _graph.tasks.read_whole(arr, pinned=True)
     assert isinstance(host.base, cupy.cuda.PinnedMemoryPointer) and _transfer._is_pinned(host)
     np.testing.assert_array_equal(host, x[2])
 

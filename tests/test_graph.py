@@ -11,14 +11,14 @@ from conftest import dense_product, graphs_received, random_mpo, random_mps, rel
 from dask.utils import key_split
 
 import src_dask
-from src_dask import _api, _graph, _random
+from src_dask import _api, _graph, _plan, _random
 from src_dask._stack import make_stack
 
 
 def _sweep(n=6, chunk=3, oversample=0, workers=None):
     a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
     stack = make_stack((a, x))
-    plan = _graph.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
+    plan = _plan.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
                        key=_random.seed_key(0), round=oversample > 0)
     return dict(_graph.build(stack, plan, workers).dask)
 
@@ -76,12 +76,12 @@ def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options)
               random_mps(7, 6, phys=3, seed=3))
     opts = dict(chi_out=10, seed=4, chunk=4, **options)
     ref = src_dask.src(*trains, **opts)
-    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 50)
+    monkeypatch.setitem(dask.config.config["src_dask"], "projection-block-size", 16 * 50)
     stack = make_stack(trains)
-    plan = _graph.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0, round=False)
-    assert max(_graph._z_blocks(stack, plan, j) for j in range(7)) == 10  # one row each
+    plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0, round=False)
+    assert max(_plan.z_blocks(stack, plan, j) for j in range(7)) == 10  # one row each
     with dask.config.set({"src_dask.projection-block-size": "1 GiB"}):
-        assert _graph.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0,
+        assert _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=0,
                            round=False).z_block_bytes == 2**30
     keys = list(dict(_graph.build(stack, plan).dask))
     assert len([k for k in keys if k[1:2] == ("project",)]) > 7
@@ -117,22 +117,22 @@ def test_current_client_is_used_by_default(cluster_client):
 
 def test_default_chunk_uses_every_worker_thread_or_gpu(cluster_client):
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, None, "cpu") == 100
-    assert _api._default_chunk(stack, 100, cluster_client, "cpu") == 50
+    assert _plan.default_chunk(stack, 100, _plan.slots(None, "cpu")) == 100
+    assert _plan.default_chunk(stack, 100, _plan.slots(cluster_client, "cpu")) == 50
 
 
     class OneGpuWorker:
         def nthreads(self) -> dict[str, int]:
             return {"tcp://gpu-worker": 4}
 
-    assert _api._default_chunk(stack, 100, OneGpuWorker(), "gpu") == 100
-    assert _api._default_chunk(stack, 100, OneGpuWorker(), "cpu") == 25
+    assert _plan.default_chunk(stack, 100, _plan.slots(OneGpuWorker(), "gpu")) == 100
+    assert _plan.default_chunk(stack, 100, _plan.slots(OneGpuWorker(), "cpu")) == 25
 
 
 def test_default_chunk_caps_block_size(monkeypatch):
-    monkeypatch.setattr(_api, "_BLOCK_BYTES", 16 * 12 * 10)  # 10 columns of a 3*4 env
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
-    assert _api._default_chunk(stack, 100, None, "cpu") == 10
+    with dask.config.set({"src_dask.block-size": 16 * 12 * 10}):  # 10 columns of a 3*4 env
+        assert _plan.default_chunk(stack, 100, 1) == 10
 
 
 def test_blocks_stay_on_their_worker(cluster_client):
@@ -194,7 +194,7 @@ def test_inputs_are_loaded_two_sites_ahead_not_all_at_once():
     from dask.core import get_dependencies
 
     dsk = dict(_graph.build(make_stack((random_mpo(8, 3, seed=1), random_mps(8, 4, seed=2))),
-                            _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
+                            _plan.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
                                         round=False, z_block_bytes=1)).dask)
 
     def step_of(key: tuple) -> tuple[str, object]:
@@ -217,7 +217,7 @@ def test_zarr_inputs_are_read_two_sites_ahead_in_each_pass(tmp_path):
     src_dask.save(random_mpo(8, 3, seed=1), tmp_path / "a")
     src_dask.save(random_mps(8, 4, seed=2), tmp_path / "x")
     stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
-    dsk = dict(_graph.build(stack, _graph.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
+    dsk = dict(_graph.build(stack, _plan.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=0,
                                                 round=False, z_block_bytes=1)).dask)
     for key in dsk:
         if isinstance(key, tuple) and key_split(key).startswith("load_site"):
@@ -238,7 +238,7 @@ def test_row_blocks_of_z_spread_over_the_workers(cluster_client, monkeypatch):
     result is the one of a single process."""
     from distributed import get_task_stream
 
-    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", 16 * 200)
+    monkeypatch.setitem(dask.config.config["src_dask"], "projection-block-size", 16 * 200)
     trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
     ref = src_dask.src(*trains, chi_out=12, seed=1)
     with get_task_stream(client=cluster_client) as stream:
@@ -254,11 +254,11 @@ def test_lookahead_keeps_a_few_sites_of_inputs_in_flight():
     (2 to 8): the reference stacks read 8 (D_M=1000) and 4 (D_M=2000) ahead."""
     from src_dask import problems
 
-    plan = _graph.Plan(sketch=8, chunk=8, chi_out=8, cutoff=0.0, key=0, round=False,
+    plan = _plan.Plan(sketch=8, chunk=8, chi_out=8, cutoff=0.0, key=0, round=False,
                        z_block_bytes=2 << 30)
     for dm, ahead in ((1000, 8), (2000, 4), (30000, 2)):
         stack = make_stack(tuple(problems.stack(sites=4, dm=dm).values()))
-        assert _graph._lookahead(stack, plan) == ahead, dm
+        assert _plan.lookahead(stack, plan) == ahead, dm
 
 
 def test_in_memory_inputs_travel_once_in_the_graph():
@@ -283,7 +283,7 @@ def test_in_memory_inputs_travel_once_in_the_graph():
         return found
 
     for device, workers, data_keys in (("cpu", None, 0), ("gpu", ["w0", "w1"], 12)):
-        plan = _graph.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+        plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                            device=device)
         dsk = dict(_graph.build(stack, plan, workers=workers).dask)
         assert set(embedded(dsk).values()) == {1}, device
@@ -306,7 +306,7 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
     src_dask.save(random_mpo(6, 3, seed=1), tmp_path / "a")
     src_dask.save(random_mps(6, 4, seed=2), tmp_path / "x")
     stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
-    plan = _graph.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                        device="gpu", z_block_bytes=1)
     graph = _graph.build(stack, plan, workers=["w0", "w1"])
     dsk = dict(graph.dask)
@@ -342,7 +342,7 @@ def test_pass_2_on_one_worker_gives_the_same_result(cluster_client, monkeypatch)
     fetched blocks of C_j), run on two CPU workers, gives the single-process result."""
     from distributed import get_task_stream
 
-    monkeypatch.setattr(_graph._Graph, "groups", lambda self: max(1, len(self.workers)))
+    monkeypatch.setattr(_plan, "input_groups", lambda device, workers: max(1, workers))
     trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
     ref = src_dask.src(*trains, chi_out=12, seed=1)
     with get_task_stream(client=cluster_client) as stream:

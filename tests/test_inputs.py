@@ -273,7 +273,7 @@ def test_all_gpu_inputs_run_on_the_synchronous_scheduler(monkeypatch):
     monkeypatch.setattr(dask, "compute", spy)
     a, x = _problem()
     ref = src_dask.apply(a, x, 4, seed=0)
-    monkeypatch.setattr(_api, "_is_cupy", lambda c: True)  # as if every core were CuPy
+    monkeypatch.setattr(_api, "is_cupy", lambda c: True)  # as if every core were CuPy
     y = src_dask.apply(a, x, 4, seed=0)
     with dask.config.set(scheduler="threads"):
         src_dask.apply(a, x, 4, seed=0)

@@ -17,7 +17,7 @@ import pytest
 from conftest import graphs_received, random_mpo, random_mps
 
 import src_dask
-from src_dask import _graph, _progress, _random
+from src_dask import _graph, _plan, _progress, _random
 from src_dask._stack import make_stack
 
 
@@ -71,10 +71,10 @@ def test_cluster_watcher_counts_every_task(cluster_client):
     """The scheduler-side counter sees every task of the run, by prefix."""
     a, x = _problem()
     stack = make_stack((a, x))
-    plan = _graph.Plan(sketch=12, chunk=6, chi_out=12, cutoff=0.0, key=_random.seed_key(0),
+    plan = _plan.Plan(sketch=12, chunk=6, chi_out=12, cutoff=0.0, key=_random.seed_key(0),
                        round=False)
     graph = _graph.build(stack, plan)
-    tally = _progress.Tally(graph.dask.keys(), _progress._token(graph))
+    tally = _progress.Tally(graph.dask.keys(), _graph.keys.token_of(graph.key))
 
     class Quiet:
         def update(self, tally):
@@ -109,10 +109,10 @@ def test_a_scheduler_that_cannot_watch_costs_only_the_bar(cluster_client, monkey
 
 def _tally(n: int = 5, oversample: int = 0) -> _progress.Tally:
     stack = make_stack(_problem(n))
-    plan = _graph.Plan(sketch=8, chunk=4, chi_out=8 - oversample, cutoff=0.0,
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8 - oversample, cutoff=0.0,
                        key=_random.seed_key(0), round=oversample > 0)
     graph = _graph.build(stack, plan)
-    return _progress.Tally(graph.dask.keys(), _progress._token(graph))
+    return _progress.Tally(graph.dask.keys(), _graph.keys.token_of(graph.key))
 
 
 def test_tally_follows_the_sweeps():

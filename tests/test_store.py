@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def counts(monkeypatch):
 
     monkeypatch.setattr(K, "sketch_step", counting("sketch_step", K.sketch_step))
     monkeypatch.setattr(K, "pass2_step", counting("pass2_step", K.pass2_step))
-    monkeypatch.setattr(_graph, "_read_whole", counting("read", _graph._read_whole))
+    monkeypatch.setattr(_graph.tasks, "read_whole", counting("read", _graph.tasks.read_whole))
     return calls
 
 
@@ -83,7 +84,7 @@ def test_pinned_read_fills_the_buffer_from_every_chunk(saved, tmp_path, monkeypa
     group = zarr.open_group(tmp_path / "x", mode="r")
     for j in range(8):
         arr = group[f"site_{j}"]
-        out = _graph._read_whole(arr, pinned=True)
+        out = _graph.tasks.read_whole(arr, pinned=True)
         assert out is buffers[-1]
         np.testing.assert_array_equal(out, arr[...])
     assert any(group[f"site_{j}"].nchunks > 1 for j in range(8))
@@ -234,9 +235,9 @@ _KILLED_RUN = textwrap.dedent("""
     import dask
     import src_dask
     dask.config.set(scheduler="synchronous")  # one task at a time: a known order
-    from src_dask import _graph, _kernels as K
+    from src_dask import _kernels as K
     step, site, nth, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    _graph.Z_BLOCK_BYTES = int(sys.argv[5])
+    dask.config.set({"src_dask.projection-block-size": int(sys.argv[5])})
     original = getattr(K, step)
     seen = []
     def killer(*args, **kwargs):
@@ -252,7 +253,7 @@ _KILLED_RUN = textwrap.dedent("""
 
 
 def _killed_run(tmp_path, step: str, site: int, nth: int = 1,
-                z_block_bytes: int = _graph.Z_BLOCK_BYTES) -> None:
+                z_block_bytes: int = 2 << 30) -> None:
     res = subprocess.run([sys.executable, "-c", _KILLED_RUN, step, str(site), str(nth),
                           str(tmp_path), str(z_block_bytes)], capture_output=True, text=True,
                          check=False)
@@ -261,10 +262,10 @@ def _killed_run(tmp_path, step: str, site: int, nth: int = 1,
     assert run.attrs["complete"] is False  # an interrupted run never looks finished
 
 
-@pytest.mark.parametrize("z_block_bytes", [_graph.Z_BLOCK_BYTES, 16 * 30])
+@pytest.mark.parametrize("z_block_bytes", [2 << 30, 16 * 30])
 def test_resume_after_kill_in_pass2(saved, tmp_path, counts, monkeypatch, z_block_bytes):
     """Resumes from the checkpoint, with Z whole or in row blocks."""
-    monkeypatch.setattr(_graph, "Z_BLOCK_BYTES", z_block_bytes)
+    monkeypatch.setitem(dask.config.config["src_dask"], "projection-block-size", z_block_bytes)
     a, x, a2, x2 = saved
     _killed_run(tmp_path, "pass2_step", site=4, z_block_bytes=z_block_bytes)
     assert zarr.open_group(tmp_path / "run/progress", mode="r").attrs["pass2_next"] == 4

@@ -1,31 +1,32 @@
-"""The public entry points: ``src``, ``apply`` and ``compress``."""
+"""The public entry points: ``src``, ``apply`` and ``compress``.
+
+``src`` checks its options, brings the factors to one normal form
+(:mod:`._stack`), asks the plan (:mod:`._plan`) for every size, opens the run
+store when there is one (:mod:`._runstore`), and computes the graph
+(:mod:`._graph`) on the client or Dask's local scheduler.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
 import os
-from functools import partial
 from typing import Any, TextIO
 
 import dask
 import dask.utils
 
-from . import _graph, _progress, _random, _runstore
+from . import _graph, _paths, _plan, _progress, _random, _runstore
 from ._cluster import choose_device, worker_memory
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
 from ._stack import Stack, make_stack
+from ._transfer import is_cupy
 from .trains import TensorTrain
 
 log = logging.getLogger("src_dask")
-
-#: Largest sketch-environment block a default ``chunk`` aims for.
-_BLOCK_BYTES = 256 * 2**20
-
-#: Lazy inputs up to this share of a worker's memory are kept for pass 2 by default.
-_KEEP_FRACTION = 0.25
 
 
 def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
@@ -72,7 +73,8 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         (or returns the finished one). Workers must be able to reach the path.
     overwrite
         Replace a ``store`` that holds a run of other inputs or options
-        (otherwise refused with an error).
+        (otherwise refused with an error); only a run store is ever
+        replaced, never another directory (README, Safety).
     progress
         Show a progress bar by pass and site while the graph runs: ``True`` for
         stderr (a widget in a Jupyter notebook), or a text stream to write to.
@@ -91,55 +93,69 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         site 0); after rounding it is left-canonical (the norm in the last site).
     """
     chi_out = _positive_int(chi_out, "chi_out")
-    extra = _oversample(oversample, chi_out)
-    cutoff = _cutoff(cutoff)
+    extra, cutoff = _oversample(oversample, chi_out), _cutoff(cutoff)
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed: expected None or a non-negative int, got {seed!r}")
     seed = None if seed is None else int(seed)  # NumPy integers too
-    if chunk is not None:
-        chunk = _positive_int(chunk, "chunk")
+    chunk = None if chunk is None else _positive_int(chunk, "chunk")
     client = _client(client)
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
-    if store is not None:
-        store = _runstore.check_path(store)
+    store = None if store is None else _runstore.check_path(store)
     stack = make_stack(trains, dtype)
-    if store is not None:
-        _runstore.check_apart(store, _input_dirs(stack))
+    plan = _plan_for(stack, chi_out, extra, cutoff, chunk, client)
+    if store is None:
+        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
+                    progress, performance_report)
+    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
+             "dtype": stack.dtype.name, "seed": seed}
+    return _run_in_store(stack, plan, store, asked, overwrite, client, progress,
+                         performance_report)
 
-    sketch = min(chi_out + extra, _reachable_rank(stack))
-    if sketch < chi_out + extra:
-        log.info("src: the product's bonds reach at most %d; sketching %d columns instead "
-                 "of chi_out + oversample = %d", sketch, sketch, chi_out + extra)
+
+def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None,
+              client: Any) -> _plan.Plan:
+    """The run's plan, but for the seed's key (set once the seed is known)."""
+    sketch = _plan.sketch_width(stack, chi_out, extra)
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
-    chunk = min(chunk or _default_chunk(stack, sketch, client, device), sketch)
-    plan = partial(_graph.Plan, sketch=sketch, chi_out=min(chi_out, sketch), cutoff=cutoff,
-                   round=extra > 0, device=device,
-                   keep_inputs=_keep_inputs(stack, client, device))
-    if store is None:
-        # CuPy in, CuPy out (as quimb does), unless a client gets the result
-        to_host = client is not None or not all(map(_is_cupy, inputs))
-        return _run(stack, plan(chunk=chunk, key=_random.seed_key(seed), to_host=to_host),
-                    client, progress, performance_report)
-    options = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
-               "dtype": stack.dtype.name, "seed": seed}
+    chunk = min(chunk or _plan.default_chunk(stack, sketch, _plan.slots(client, device)),
+                sketch)
+    lazy = sum(c.nbytes for c in inputs if not is_in_memory(c))
+    keep = _plan.keep_inputs(lazy, worker_memory(client, device) if lazy else None)
+    # CuPy in, CuPy out (as quimb does), unless a client gets the result
+    to_host = client is not None or not all(map(is_cupy, inputs))
+    return _plan.Plan(sketch=sketch, chunk=chunk, chi_out=min(chi_out, sketch), cutoff=cutoff,
+                      key=0, round=extra > 0, device=device, to_host=to_host,
+                      keep_inputs=keep)
+
+
+def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
+                  overwrite: bool, client: Any, progress: bool | TextIO,
+                  performance_report: str | None) -> TensorTrain:
+    """A run into the store at ``path``: resumed, or returned when finished; the
+    result is read from the store. ``asked``: the options as given (with the
+    inputs, they identify the run)."""
+    dirs: dict[str, str] = {}
+    for i, f in enumerate(stack.factors):
+        dirs.update(_paths.train_dirs(f.train, f"input {f.train.name or i}"))
+    _paths.check_apart(path, dirs, f"store {path}")
     run, resume, seed, chunk = RunStore.prepare(
-        store, stack, {**options, "inputs": _fingerprint(stack)}, seed=seed, sketch=sketch,
-        chunk=chunk, overwrite=overwrite)
+        path, stack, {**asked, "inputs": _fingerprint(stack)}, seed=asked["seed"],
+        sketch=plan.sketch, chunk=plan.chunk, overwrite=overwrite)
     try:
         if run.is_complete():
             log.info("src: %s holds the finished run; not recomputing", run.path)
             return run.result(stack.kind)
-        _run(stack, plan(chunk=chunk, key=_random.seed_key(seed), to_host=True), client,
-             progress, performance_report, run, resume)
+        plan = dataclasses.replace(plan, chunk=chunk, key=_random.seed_key(seed), to_host=True)
+        _run(stack, plan, client, progress, performance_report, run, resume)
         run.mark_complete()
         return run.result(stack.kind)
     finally:
         run.release()
 
 
-def _run(stack: Stack, plan: _graph.Plan, client: Any, progress: bool | TextIO,
+def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
          performance_report: str | None, run: RunStore | None = None,
          resume: Progress | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
@@ -240,10 +256,6 @@ def _client(client: Any) -> Any:
         return None
 
 
-def _is_cupy(x: Any) -> bool:
-    return type(x).__module__.startswith("cupy")
-
-
 def _fingerprint(stack: Stack) -> list:
     """What identifies the inputs of a stored run: kinds, shapes, and a token per
     core (a hash of the data for in-memory arrays; of the graph or the store
@@ -255,80 +267,3 @@ def _fingerprint(stack: Stack) -> list:
             for f in stack.factors]
 
 
-def _reachable_rank(stack: Stack) -> int:
-    """The largest rank the product can have at any cut: the product of the bonds
-    there, capped by the physical dimensions on either side. More sketch columns
-    than this add nothing but memory."""
-    right = [1] * (stack.n + 1)
-    for j in range(stack.n - 1, -1, -1):
-        right[j] = min(right[j + 1] * stack.up(j) * stack.down(j), 2**62)
-    return max(min(stack.max_rank(j), right[j]) for j in range(1, stack.n))
-
-
-def _input_dirs(stack: Stack) -> dict[str, str]:
-    """The directories the inputs are read from (Zarr stores on the local file
-    system), named for error messages: a run store must keep apart from them."""
-    dirs: dict[str, str] = {}
-    for f in stack.factors:
-        for j in range(stack.n):
-            for arr in _zarr_arrays(f.train.source(j)):
-                root = getattr(getattr(arr, "store_path", None), "store", None)
-                root = getattr(root, "root", None)
-                if root is not None:
-                    dirs.setdefault(os.path.realpath(os.fspath(root)),
-                                    f"{f.train.name} (site {j})")
-    return {name: where for where, name in dirs.items()}
-
-
-def _zarr_arrays(x: Any) -> list[Any]:
-    """The Zarr arrays behind ``x``: itself, the array of a verified reader, or the
-    arrays in a Dask array's graph."""
-    if hasattr(x, "store_path"):
-        return [x]
-    if hasattr(getattr(x, "array", None), "store_path"):
-        return [x.array]
-    if hasattr(x, "__dask_graph__"):
-        found = []
-        for v in dict(x.__dask_graph__()).values():
-            found += _zarr_arrays(v) if not hasattr(v, "__dask_graph__") else []
-        return found
-    return []
-
-
-def _keep_inputs(stack: Stack, client: Any, device: str) -> bool:
-    """Whether lazy inputs are read once and kept for pass 2, or read in each pass.
-
-    Dask config ``src_dask.keep-inputs``: True, False, or ``"auto"`` (the default):
-    keep them when they take at most a quarter of a worker's memory (on a GPU run,
-    of the device, where they then stay between the passes). Reading a core costs
-    more than keeping it wherever it fits beside the environments; a larger share
-    would push environments out to host memory instead.
-    """
-    want = dask.config.get("src_dask.keep-inputs", "auto")
-    if want not in ("auto", True, False):
-        raise ValueError(f"dask config src_dask.keep-inputs: expected auto, True or False, "
-                         f"got {want!r}")
-    lazy = sum(c.nbytes for f in stack.factors for c in f.train if not is_in_memory(c))
-    if want != "auto" or not lazy:
-        return bool(want)
-    memory = worker_memory(client, device)
-    keep = memory is not None and lazy <= _KEEP_FRACTION * memory
-    log.info("src: lazy inputs of %.3g GB %s (worker memory %s)", lazy / 1e9,
-             "kept for pass 2" if keep else "read in each pass",
-             "unknown" if memory is None else f"{memory / 1e9:.3g} GB")
-    return keep
-
-
-def _default_chunk(stack: Stack, sketch: int, client: Any, device: str) -> int:
-    """Columns per block: one block per CPU worker thread or per GPU (a GPU runs
-    one block's GEMMs at a time, the larger the better), none over ``_BLOCK_BYTES``."""
-    if client is None:
-        slots = 1
-    elif device == "gpu":
-        slots = len(client.nthreads())
-    else:
-        slots = max(1, sum(client.nthreads().values()))
-    per_column = max(math.prod(stack.left_bonds(j)) for j in range(stack.n))
-    per_column *= stack.dtype.itemsize
-    blocks = max(slots, math.ceil(sketch * per_column / _BLOCK_BYTES))
-    return math.ceil(sketch / blocks)

@@ -1,6 +1,6 @@
 """Per-site contractions of SRC as functions of NumPy or CuPy blocks.
 
-Index names follow DESIGN.md §1 for a ket stack of depth ``k`` padded to rank 4:
+Index names follow docs/design.md §1 for a ket stack of depth ``k`` padded to rank 4:
 core ``T_i[a_i, b_i, x_{i-1}, x_i]``, sketch environment ``C[s, a_1..a_k]``,
 Gaussian block ``Ω[s, x_0, x_k]``, right environment ``S[r, b_1..b_k]``.
 
@@ -24,16 +24,18 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
+from ._transfer import is_cupy, to_device
+
 
 # -- array namespace ----------------------------------------------------------
 def is_in_memory(x: Any) -> bool:
     """True for NumPy and CuPy arrays (not lazy Dask or Zarr arrays)."""
-    return isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy")
+    return isinstance(x, np.ndarray) or is_cupy(x)
 
 
 def xp_of(x: Any):
     """``numpy`` or ``cupy``, whichever ``x`` belongs to."""
-    if type(x).__module__.startswith("cupy"):
+    if is_cupy(x):
         import cupy
 
         return cupy
@@ -43,8 +45,6 @@ def xp_of(x: Any):
 def on_device(x: Any, device: str) -> Any:
     """``x`` as a CuPy array for ``device="gpu"``, unchanged otherwise."""
     if device == "gpu":
-        from ._transfer import to_device
-
         return to_device(x)
     return x
 

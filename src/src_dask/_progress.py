@@ -30,7 +30,6 @@ import html
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import threading
@@ -44,11 +43,12 @@ import numpy as np
 from dask.callbacks import Callback
 from dask.utils import format_bytes, key_split
 
+from ._graph import keys as graph_keys
+
 log = logging.getLogger("src_dask")
 
 #: The sweeps in the order they run: name, label, direction over the sites.
 _PASSES = (("pass1", "sketch", 1), ("pass2", "projection/QR", -1), ("round", "rounding", 1))
-_PREFIX = re.compile(r"(load|pass1|pass2|round|result)_site(\d+)")
 
 
 # -- option checks ---------------------------------------------------------------
@@ -126,28 +126,18 @@ def _seconds(t: float) -> str:
 
 
 # -- counting tasks ----------------------------------------------------------------
-def _token(graph: Any) -> str:
-    """The run token every key of the graph ends with (``<step>_site<j>-<token>``)."""
-    return str(graph.key).rsplit("-", 1)[1]
-
-
-def _ours(key: Any, suffix: str) -> bool:
-    name = key[0] if isinstance(key, tuple) else key
-    return isinstance(name, str) and name.endswith(suffix)
-
-
 class Tally:
     """The tasks of one run by prefix: how many in all, how many done; and so where
     the run is (which pass, which site)."""
 
     def __init__(self, keys: Iterable[Any], token: str) -> None:
-        self.suffix = "-" + token
+        self.token, self.suffix = token, "-" + token
         # the final list of cores is not a step (on a cluster it is not even run)
-        self.total = Counter(p for k in keys if _ours(k, self.suffix)
-                             and (p := key_split(k)) != "src_result")
+        self.total = Counter(p for k in keys if graph_keys.is_of_run(k, token)
+                             and (p := key_split(k)) != graph_keys.RESULT)
         self.done: Counter[str] = Counter()
         self.started = time.perf_counter()
-        steps = [(m[1], int(m[2])) for p in self.total if (m := _PREFIX.fullmatch(p))]
+        steps = [step for p in self.total if (step := graph_keys.step_of(p))]
         self.sites = 1 + max((site for _, site in steps), default=-1)
         self.passes = 3 if any(step == "round" for step, _ in steps) else 2
 
@@ -164,8 +154,8 @@ class Tally:
         """The pass and the site the run is at, e.g. ``pass 2 of 2 (projection/QR), site
         31 -> 0``: the first unfinished site in the sweep's direction, then the last one."""
         for number, (step, label, direction) in enumerate(_PASSES, 1):
-            pending = [int(m[2]) for p, n in self.total.items()
-                       if (m := _PREFIX.fullmatch(p)) and m[1] == step and self.done[p] < n]
+            pending = [at[1] for p, n in self.total.items()
+                       if (at := graph_keys.step_of(p)) and at[0] == step and self.done[p] < n]
             if pending:
                 first, last = (min(pending), self.sites - 1) if direction > 0 else \
                     (max(pending), 0)
@@ -363,7 +353,7 @@ class LocalWatcher(Callback):
         self.tally, self.display = tally, display
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        if _ours(key, self.tally.suffix):
+        if graph_keys.is_of_run(key, self.tally.token):
             self.tally.done[key_split(key)] += 1
             self.display.update(self.tally)
 
@@ -474,7 +464,7 @@ def watch(graph: Any, client: Any, progress: bool | TextIO = False,
     worth more than its report.
     """
     display = display_for(progress)
-    tally = Tally(graph.dask.keys(), _token(graph)) if display else None
+    tally = Tally(graph.dask.keys(), graph_keys.token_of(graph.key)) if display else None
     with contextlib.ExitStack() as stack:
         if report is not None:
             stack.enter_context(_performance_report(client, report, summary))

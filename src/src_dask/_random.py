@@ -6,7 +6,7 @@ at the position given by the column ``s`` (high 32 bits) and the draw within
 the column (low 32 bits); pairs of uniforms become normals by Box–Muller.
 The values of ``Ω_j[s]`` therefore depend on ``(seed, j, s)`` only — never on
 how columns are split into blocks or on which worker draws them — so a run is
-reproducible across chunk sizes and cluster shapes (DESIGN.md §1), and a whole
+reproducible across chunk sizes and cluster shapes (docs/design.md §2.1), and a whole
 block is drawn with a few vectorised NumPy operations (no per-column Python).
 """
 

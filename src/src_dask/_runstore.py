@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from . import _integrity
+from . import _integrity, _paths
 from ._stack import Stack
 from .errors import DamagedDataError, PathRefusedError, StoreError, StoreLockedError
 from .trains import TensorTrain
@@ -102,33 +102,13 @@ def _check_disk(path: str, need: int) -> None:
 def check_path(store: Any) -> str:
     """The absolute, symlink-resolved path of a ``store`` argument; refuses what
     cannot be a store before anything is touched."""
-    if not isinstance(store, (str, os.PathLike)):
-        raise TypeError(f"store: expected a path (str or os.PathLike), got "
-                        f"{type(store).__name__}")
-    text = os.fspath(store)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    if not text.strip():
-        raise ValueError("store: empty path; name a directory for the run store")
-    path = os.path.realpath(text)
+    path = os.path.realpath(_paths.as_path(store, "store"))
     if os.path.lexists(path) and not os.path.isdir(path):
         raise PathRefusedError(f"{path}: is a file, not a run store directory")
-    cwd = os.path.realpath(os.getcwd())
-    if os.path.commonpath([path, cwd]) == path:
+    if _paths.holds_working_directory(path):
         raise PathRefusedError(f"{path}: is the working directory or one of its parents; "
                                "name a directory of its own for the run store")
     return path
-
-
-def check_apart(path: str, inputs: dict[str, str], what: str = "store") -> None:
-    """Refuse ``path`` if it is, is inside, or contains the directory of an input
-    (``inputs``: name → directory), before any work."""
-    for name, where in inputs.items():
-        common = os.path.commonpath([path, where])
-        if common in (path, where):
-            how = ("is" if path == where else "is inside" if common == where else "contains")
-            raise PathRefusedError(f"{what} {path}: {how} the directory of input {name} "
-                                   f"({where}); choose a path apart from the inputs")
 
 
 def read_attrs(path: str) -> dict | None:
@@ -136,13 +116,8 @@ def read_attrs(path: str) -> dict | None:
     directory; {} for a directory that is not a Zarr group."""
     if not os.path.isdir(path) or not [e for e in os.listdir(path) if e != LOCK]:
         return None
-    try:
-        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    return attrs if isinstance(attrs, dict) else {}
+    attrs = _paths.group_attrs(path)
+    return {} if attrs is None else attrs
 
 
 class RunStore:

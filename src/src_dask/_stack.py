@@ -1,7 +1,7 @@
 """A product of trains, validated and put in one canonical form.
 
 Every product the package computes is brought to a *ket stack* ``T1·T2·…·Tk``
-whose site cores are padded to rank 4 ``(a, b, x_up, x_down)`` (DESIGN.md §1):
+whose site cores are padded to rank 4 ``(a, b, x_up, x_down)`` (docs/design.md §1):
 size-1 bonds at the ends of a train and a size-1 down leg for an MPS. A bra
 stack ``φ·A1·…·Ak`` becomes ``Akᵀ·…·A1ᵀ·φ``. One set of equations then serves
 every depth and both orientations.

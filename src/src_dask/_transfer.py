@@ -1,7 +1,7 @@
 """Host↔device copies that run beside the kernels instead of stalling them.
 
 A plain ``cupy.asarray(numpy_array)`` or ``.get()`` copies pageable memory on
-the stream the kernels use (2–7 GB/s on the H200, DESIGN.md §4), and the GPU
+the stream the kernels use (2–7 GB/s on the H200, docs/design.md §6), and the GPU
 waits for it. Here each worker thread copies through a pinned staging buffer
 (25–55 GB/s) on a stream of its own; the kernels' stream waits only for the
 copy it needs (a device-side event), so reading site ``j+1`` overlaps the
@@ -19,6 +19,11 @@ import numpy as np
 _SMALL = 1 << 20
 
 _local = threading.local()
+
+
+def is_cupy(x: Any) -> bool:
+    """Whether ``x`` is a CuPy array (without importing CuPy)."""
+    return type(x).__module__.startswith("cupy")
 
 
 def _copy_stream() -> Any:
@@ -85,7 +90,7 @@ def to_host(x: Any) -> np.ndarray:
     """``x`` (NumPy or CuPy) as a NumPy array; a large CuPy array is copied on
     this thread's copy stream through pinned memory, after the kernels that
     produce it and without holding up the ones queued after them."""
-    if isinstance(x, np.ndarray) or not type(x).__module__.startswith("cupy"):
+    if isinstance(x, np.ndarray) or not is_cupy(x):
         return np.asarray(x)
     import cupy
 

@@ -2,7 +2,7 @@
 
 Every function returns a :class:`~src_dask.TensorTrain` in quimb's layouts
 (MPS ``(l, r, p)``, MPO ``(l, r, u, d)``; end sites drop the missing bond), so
-the problems of DESIGN.md §3 and the benchmarks can be made, saved with
+the problems of docs/design.md §5 and the benchmarks can be made, saved with
 :func:`src_dask.save` and checked against quimb without quimb being installed.
 
 - :func:`random_mps`, :func:`random_mpo`: complex (or real) Gaussian cores,
@@ -147,7 +147,7 @@ def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128"
 
 def stack(sites: int = 50, dm: int = 1000, *, phys: int = 4, bond: int = 4,
           dtype: Any = "complex128", seed: int = 0) -> dict[str, TensorTrain]:
-    """The src-method stack ``N·V·M·U`` of DESIGN.md §3, as lazy trains.
+    """The src-method stack ``N·V·M·U`` of docs/design.md §5, as lazy trains.
 
     Four random MPOs (:func:`stack_mpo`) with bonds ``bond, bond, dm, bond``,
     factor ``i`` drawn with seed ``seed + i``. Returns ``{"N": …, "V": …,

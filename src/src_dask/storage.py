@@ -26,8 +26,6 @@ since it was opened raises (:mod:`src_dask.errors`) instead of giving numbers.
 
 from __future__ import annotations
 
-import builtins
-import json
 import math
 import operator
 import os
@@ -38,7 +36,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from . import _integrity
+from . import _integrity, _paths
 from .errors import PathRefusedError, StoreError
 from .trains import _RANKS, TensorTrain, _to_numpy, as_train
 
@@ -69,40 +67,8 @@ def chunks_for(shape: tuple[int, ...], itemsize: int,
 
 
 # -- paths ------------------------------------------------------------------------------
-def _fspath(path: Any) -> str:
-    """``path`` as a non-empty string (TypeError / ValueError otherwise)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not path.strip():
-        raise ValueError(f"path: {path!r} is not a path (empty); name the directory of the "
-                         "train")
-    return path
-
-
-def _within(inner: str, outer: str) -> bool:
-    """Whether real path ``inner`` is ``outer`` or lies below it."""
-    return os.path.commonpath([inner, outer]) == outer
-
-
-def _group_attrs(path: str) -> dict | None:
-    """The attributes of the Zarr v3 group whose directory is ``path``, read straight
-    from its ``zarr.json``; None where there is no readable group."""
-    try:
-        with builtins.open(os.path.join(path, "zarr.json"), "rb") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or meta.get("node_type") != "group":
-        return None
-    attrs = meta.get("attributes", {})
-    return attrs if isinstance(attrs, dict) else None
-
-
 def _is_train(path: str) -> bool:
-    attrs = _group_attrs(path)
+    attrs = _paths.group_attrs(path)
     return attrs is not None and attrs.get("format") == FORMAT
 
 
@@ -116,7 +82,7 @@ def _check_target(path: str, target: str, overwrite: bool) -> str:
         what = "is a file" if os.path.isfile(target) else "is not a directory"
         raise PathRefusedError(f"{path}: {what}, not a src_dask train; src_dask does not "
                                "replace it (remove it yourself or choose another path)")
-    if _within(os.path.realpath(os.getcwd()), target):
+    if _paths.holds_working_directory(target):
         raise PathRefusedError(f"{path}: is the current working directory or contains it; "
                                "src_dask does not replace it (choose another path)")
     if not os.listdir(target):
@@ -127,41 +93,6 @@ def _check_target(path: str, target: str, overwrite: bool) -> str:
     if not overwrite:
         raise FileExistsError(f"{path}: already exists; pass overwrite=True to replace it")
     return "train"
-
-
-def _stored_arrays(tt: TensorTrain) -> list[tuple[int, Any]]:
-    """(site, Zarr array) for every stored array the train's cores are read from: its
-    sources, and arrays that Dask cores wrap (``from_array`` keeps them whole in a
-    layer of their own)."""
-    found = []
-    for j in range(len(tt)):
-        candidates = [tt.source(j)]
-        core = tt[j]
-        if isinstance(core, da.Array):
-            for name, layer in core.dask.layers.items():
-                if name.startswith("original-"):
-                    candidates += list(layer.values())
-        for c in candidates:
-            if isinstance(c, _integrity.VerifiedArray):
-                c = c.array
-            if type(c).__module__.startswith("zarr") and hasattr(c, "store_path"):
-                found.append((j, c))
-    return found
-
-
-def _check_not_a_source(tt: TensorTrain, path: str, target: str) -> None:
-    """Refuse a ``target`` inside, or containing, the store a core is read from (the
-    store itself is fine: it is replaced only once every site is written)."""
-    for j, arr in _stored_arrays(tt):
-        root = getattr(arr.store_path.store, "root", None)
-        if root is None:  # not on the local file system
-            continue
-        root = os.path.realpath(os.fspath(root))
-        if target != root and (_within(target, root) or _within(root, target)):
-            raise PathRefusedError(
-                f"{path}: is inside, or contains, {root}, which site {j} of the train is "
-                "read from; writing there would destroy the data being saved (choose "
-                "another path)")
 
 
 def _check_chunks(chunks: Any, kind: str) -> tuple[int, ...] | None:
@@ -208,7 +139,7 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
     holding NaN or inf are refused (stored data is always finite, so NaN read back
     means damage).
     """
-    path = _fspath(path)
+    path = _paths.as_path(path)
     tt = as_train(train)
     chunk_shape = _check_chunks(chunks, tt.kind)
     number = isinstance(max_chunk_bytes, (int, float, np.number))
@@ -216,7 +147,9 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
         raise ValueError(f"max_chunk_bytes: expected a positive number of bytes, got "
                          f"{max_chunk_bytes!r}")
     target = os.path.realpath(path)
-    _check_not_a_source(tt, path, target)
+    # the train's own store is fine: it is replaced only once every site is written
+    _paths.check_apart(target, _paths.train_dirs(tt, "the train being saved"), path,
+                       allow_same=True)
     _check_target(path, target, overwrite)
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
@@ -296,7 +229,7 @@ class _SameTrain:
 
     def __call__(self) -> None:
         local = "://" not in self.path
-        attrs = _group_attrs(self.path) if local else _remote_attrs(self.path)
+        attrs = _paths.group_attrs(self.path) if local else _remote_attrs(self.path)
         if attrs is None or attrs.get("id") != self.train_id:
             raise StoreError(f"{self.path}: was replaced by another save since it was opened "
                              "(or removed); open it again")
@@ -322,7 +255,7 @@ def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.o
     NaN/inf, and StoreError once the train was saved over since it was opened.
     """
     zarr = _zarr()
-    path = _fspath(path)
+    path = _paths.as_path(path)
     local = "://" not in path
     if local:
         if not os.path.exists(path):

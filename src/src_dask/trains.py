@@ -1,7 +1,7 @@
 """Tensor trains: the container for per-site cores and its conversions.
 
 A train is an MPS or an MPO stored as a list of per-site arrays in quimb's
-default layouts (DESIGN.md §1)::
+default layouts (docs/design.md §1)::
 
     MPS   first (r, p)      middle (l, r, p)      last (l, p)
     MPO   first (r, u, d)   middle (l, r, u, d)   last (l, u, d)

@@ -1,0 +1,63 @@
+"""The SRC sweep as one Dask task graph (docs/design.md §3.3).
+
+:func:`build` lays out pass 1 (:mod:`.pass1`), pass 2 (:mod:`.pass2`), the
+exact rounding of oversampled runs and the output cores, following the
+decisions of a :class:`~src_dask._plan.SweepPlan`; :mod:`.keys` names the tasks
+(and parses the names back for progress bars); :mod:`.tasks` holds what the
+tasks run; :mod:`.builder` the graph under construction and the input loading.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from dask.delayed import Delayed
+
+from .. import _kernels as K
+from .._plan import Plan, SweepPlan
+from .._runstore import Progress, RunStore
+from .._stack import Stack
+from . import keys, pass1, pass2, tasks
+from .builder import GraphBuilder, Inputs
+
+__all__ = ["build", "keys", "outputs", "tasks"]
+
+
+def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
+          store: RunStore | None = None, progress: Progress | None = None) -> Delayed:
+    """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
+
+    ``workers`` (addresses of a distributed cluster) places the column blocks. With a run
+    ``store`` the environments and outputs go to disk, the result is a list of
+    the output shapes, and ``progress`` says what an earlier run already did.
+    """
+    g = GraphBuilder(SweepPlan.decide(stack, plan, workers), keys.new_token())
+    todo = pass1.todo(g, progress)
+    inputs = Inputs(g, stack, pass1_done=not todo)
+    envs = pass1.add(g, inputs, todo, store)
+    out = pass2.add(g, inputs, envs, store, progress)
+    if plan.round:
+        out = _rounding(g, out, plan)
+    results = [g.add(g.name("result", j), tasks.finish, o, kind=stack.kind, site=j, n=stack.n,
+                     store=store, to_host=plan.to_host)
+               for j, o in enumerate(out)]
+    return g.delayed(g.add(keys.result(g.token), list, results))
+
+
+def _rounding(g: GraphBuilder, out: list[Any], plan: Plan) -> list[Any]:
+    """The exact rounding sweep to ``plan.chi_out``, left to right (docs/design.md §2.4)."""
+    carry, n, rounded = None, len(out), []
+    for j, core in enumerate(out):
+        step = g.add((g.name("round", j), "svd"), K.round_step, carry, core, chi=plan.chi_out,
+                     cutoff=plan.cutoff, last=j == n - 1)
+        rounded.append(g.add((g.name("round", j), "core"), operator.getitem, step, 0))
+        carry = g.add((g.name("round", j), "carry"), operator.getitem, step, 1)
+    return rounded
+
+
+def outputs(graph: Delayed) -> list[Delayed]:
+    """One Delayed per output core of ``graph`` (a :func:`build` result), over the same
+    graph: a client can fetch each core as soon as it is final."""
+    _, cores = graph.dask[graph.key]
+    return [Delayed(k, graph.dask, layer=graph.key) for k in cores]

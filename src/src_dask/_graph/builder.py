@@ -1,0 +1,130 @@
+"""A task graph under construction (:class:`GraphBuilder`) and the loading of
+each site's input cores into it (:class:`Inputs`)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import dask.array as da
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from .. import _kernels as K
+from .._plan import SweepPlan
+from .._stack import Stack
+from . import keys, tasks
+
+
+class GraphBuilder:
+    """Keys, tasks, worker placement and the input collections of one run's graph."""
+
+    def __init__(self, sweep: SweepPlan, token: str) -> None:
+        self.sweep = sweep
+        self.token = token
+        self.workers = list(sweep.workers)
+        self.tasks: dict[Any, Any] = {}
+        self.inputs: list[da.Array] = []
+        self.placement: dict[Any, str] = {}
+        self._shared: dict[int, tuple[Any, Any]] = {}  # id(array): (array, its data key)
+
+    def name(self, step: str, site: int) -> str:
+        return keys.name(step, site, self.token)
+
+    def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
+        """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None),
+        or in-memory arrays (from :meth:`array`)."""
+        self.tasks[key] = (partial(func, **static) if static else func, *deps)
+        return key
+
+    def pin(self, key: Any, block: int) -> Any:
+        """Prefer the worker that owns column block ``block`` for ``key``.
+
+        Environments are the big state: a block's whole chain of ``C_j`` and
+        its pieces of the sketch stay on one worker, and the (smaller) cores
+        and projected cores travel to it. Loose: another worker may take over
+        if that one is lost.
+        """
+        if self.workers:
+            self.placement[key] = self.workers[block % len(self.workers)]
+        return key
+
+    def array(self, x: Any, after: Any = None) -> Any:
+        """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
+        travels inside the task that uses it: no task of its own for the scheduler to
+        run) or, where several workers prepare their own copy, as one data key they
+        all use (the graph carries it once); a lazy one as a key whose task reads it.
+
+        A stored array gets a new read task at every call: each pass reads its
+        cores anew instead of keeping them in memory from pass 1 to pass 2.
+        ``after`` (a key) holds the read back until that task has run: reads have
+        no inputs, so idle threads would otherwise read every core at the start.
+        """
+        if tasks.is_stored(x):
+            key = keys.read()
+            pinned = self.sweep.plan.device == "gpu"
+            self.tasks[key] = (partial(tasks.read_whole, pinned=pinned), x, after)
+            return key
+        x = tasks.lazy(x)
+        if K.is_in_memory(x):
+            if self.sweep.groups == 1:
+                return x
+            if id(x) not in self._shared:  # the array is held, so its id stays its own
+                key = keys.shared_input()
+                self.tasks[key] = x
+                self._shared[id(x)] = (x, key)
+            return self._shared[id(x)][1]
+        x = x.rechunk(x.shape)
+        self.inputs.append(x)
+        return (x.name,) + (0,) * x.ndim
+
+    def delayed(self, key: str) -> Delayed:
+        """The graph as one Delayed computing ``key``."""
+        placement = self.placement
+        annotations = None
+        if placement:
+            annotations = {"workers": placement.get,
+                           "allow_other_workers": lambda k: True if k in placement else None}
+        layer = MaterializedLayer(self.tasks, annotations=annotations)
+        return Delayed(key, HighLevelGraph.from_collections(key, layer, self.inputs))
+
+
+class Inputs:
+    """The prepared (padded, cast, moved) input cores of each site, added to the
+    graph when a pass asks for them.
+
+    Lazy inputs are read anew for each pass, so no core waits in memory from
+    pass 1 to pass 2; in-memory inputs, and lazy ones when the plan keeps them,
+    are prepared once for both passes. On several GPUs each worker that uses a
+    core (its ``group``) prepares its own: reading it again beats moving it
+    between GPUs. The data of lazy inputs is checked for NaN/inf once: in pass 1,
+    or in pass 2 for the last site (pass 1 stops before it) and when an earlier
+    run did all of pass 1.
+    """
+
+    def __init__(self, g: GraphBuilder, stack: Stack, pass1_done: bool) -> None:
+        self.g, self.stack, self.pass1_done = g, stack, pass1_done
+        self._loaded: dict[tuple[int, int, int], Any] = {}
+
+    def load(self, j: int, sweep: int, after: Any = None, group: int = 0) -> list[Any]:
+        """Keys of site ``j``'s cores for pass ``sweep``, read and moved once ``after``
+        has run (a few sites ahead of their use: memory holds a few sites' inputs,
+        not all of them)."""
+        g, stack = self.g, self.stack
+        plan, n = g.sweep.plan, stack.n
+        out = []
+        for i, f in enumerate(stack.factors):
+            lazy = not K.is_in_memory(f.train[j])
+            once = not lazy or plan.keep_inputs
+            slot = (j, i, group)
+            if not (once and slot in self._loaded):
+                key = (g.name("load", j), 0 if once else sweep, i) + ((group,) if group else ())
+                check = lazy and (sweep == 1 or j == n - 1 or self.pass1_done)
+                self._loaded[slot] = g.add(
+                    key, tasks.prepare, g.array(f.train.source(j), after), after,
+                    kind=f.train.kind, site=j, n=n, transpose=f.transpose, dtype=stack.dtype,
+                    check=check, name=f.train.name, device=plan.device)
+                if g.sweep.groups > 1:
+                    g.pin(self._loaded[slot], group)
+            out.append(self._loaded[slot])
+        return out

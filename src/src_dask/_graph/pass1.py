@@ -1,0 +1,40 @@
+"""Pass 1 of the sweep: the sketched environments ``C_1 … C_{n-1}``, one
+independent chain of tasks per block of sketch columns (docs/design.md §2.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._runstore import Progress, RunStore
+from . import tasks
+from .builder import GraphBuilder, Inputs
+
+
+def todo(g: GraphBuilder, progress: Progress | None) -> list[int]:
+    """The blocks of sketch columns pass 1 still has to do."""
+    blocks = g.sweep.plan.blocks
+    return [c for c in range(len(blocks)) if not (progress and progress.pass1_done[c])]
+
+
+def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
+        store: RunStore | None) -> list[list[Any]]:
+    """Add pass 1's chains; returns ``envs[j][c]``, the key of block ``c`` of ``C_j``
+    (None for blocks an earlier run did)."""
+    stack, plan, groups = inputs.stack, g.sweep.plan, g.sweep.groups
+    n, blocks, ahead = stack.n, plan.blocks, g.sweep.lookahead
+    lead: dict[int, int] = {}  # the first block each group runs: its chain paces the reads
+    for c in blocks_todo:
+        lead.setdefault(c % groups, c)
+    cores = {(j, grp): inputs.load(j, 1, (g.name("pass1", j - ahead), c) if j >= ahead else None,
+                                   grp)
+             for grp, c in lead.items() for j in range(n - 1)}
+    envs: list[list[Any]] = [[None] * len(blocks) for _ in range(n)]
+    for c in blocks_todo:
+        start, stop = blocks[c]
+        env = None
+        for j in range(n - 1):
+            env = g.add((g.name("pass1", j), c), tasks.pass1_block, env, cores[j, c % groups],
+                        site=j, start=start, stop=stop, run=g.token, store=store, block=c,
+                        last=j == n - 2, seed_key=plan.key, legs=(stack.up(j), stack.down(j)))
+            envs[j + 1][c] = g.pin(env, c)
+    return envs

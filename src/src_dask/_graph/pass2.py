@@ -1,0 +1,169 @@
+"""Pass 2 of the sweep, right to left (docs/design.md §2.3): at each site the
+projected core ``Z_j`` (in row blocks when it is large) is sketched against
+``C_j``, and the QR step makes the output core ``η_j``, the environment
+``S_{j-1}`` and, where it is whole, the next projected core.
+
+How each site is cut into tasks is decided by the plan
+(:class:`~src_dask._plan.Pass2`, :meth:`~src_dask._plan.Pass2.step`); this
+module only lays the tasks out.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from .. import _kernels as K
+from .. import _oom
+from .._plan import SiteStep
+from .._runstore import Progress, RunStore
+from . import tasks
+from .builder import GraphBuilder, Inputs
+
+
+@dataclass(frozen=True)
+class _Z:
+    """Where a site's projected core is: the keys of its row blocks, or (``in_state``)
+    ``[the previous step's key]``, whose third item is ``Z`` whole."""
+
+    keys: list[Any]
+    in_state: bool = False
+
+
+class _Pass2:
+    """Pass 2's tasks for one graph (see :func:`add`)."""
+
+    def __init__(self, g: GraphBuilder, inputs: Inputs, envs: list[list[Any]],
+                 store: RunStore | None, progress: Progress | None) -> None:
+        self.g, self.inputs, self.envs, self.store = g, inputs, envs, store
+        self.stack, self.plan, self.sweep = inputs.stack, g.sweep.plan, g.sweep
+        n = self.stack.n
+        self.first = progress.pass2_next if progress else n - 1
+        self.cores = {j: inputs.load(j, 2, self.ahead_of(j)) for j in range(self.first + 1)}
+        self.out: list[Any] = [None] * n
+
+    def ahead_of(self, j: int) -> Any:
+        """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
+        ahead = self.sweep.lookahead
+        return (self.g.name("pass2", j + ahead), "core") if j + ahead < self.stack.n else None
+
+    def place(self, key: Any, block: int) -> Any:
+        """Pin ``key`` to the worker of ``block``, or to the first one (``home``)."""
+        return self.g.pin(key, 0 if self.sweep.pass2.home else block)
+
+    def resume(self) -> Any:
+        """The output cores and the environment an earlier run left (None: S = 1)."""
+        g, n, device = self.g, self.stack.n, self.plan.device
+        for j in range(n - 1, self.first, -1):
+            self.out[j] = g.add((g.name("pass2", j), "core"), tasks.stored, store=self.store,
+                                what="eta", site=j, device=device)
+        if self.first == n - 1:
+            return None
+        return g.add((g.name("pass2", self.first), "resume"), tasks.stored, store=self.store,
+                     what="right_env", site=self.first, device=device)
+
+    def project(self, j: int, env: Any) -> _Z:
+        """``Z_j`` from ``S_j`` (``env``), in the plan's row blocks."""
+        g, m = self.g, self.sweep.z_blocks[j]
+        project = _oom.naming_the_site(K.project_core, site=j, step="pass 2")
+        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores[j], env, rows=(b, m))
+              for b in range(m)]
+        # row blocks spread over CPU workers (the sketch and update of a block follow it);
+        # all of pass 2 on the first of several GPUs
+        if m > 1 or self.sweep.pass2.home:
+            zs = [self.place(z, b) for b, z in enumerate(zs)]
+        return _Z(zs)
+
+    def block_envs(self, j: int) -> list[Any]:
+        """The keys of ``C_j``'s blocks as pass 2 uses them: with a store, the end of
+        the block's chain (``C_j`` is then read from disk); on several GPUs, fetched
+        to the first worker ahead of use."""
+        g, n, out = self.g, self.stack.n, []
+        for c in range(len(self.plan.blocks)):
+            env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
+            if self.sweep.pass2.home and self.store is None and c % self.sweep.groups:
+                env = g.pin(g.add((g.name("pass2", j), "fetch", c), tasks.first, env,
+                                  self.ahead_of(j)), 0)
+            out.append(env)
+        return out
+
+    def pieces(self, j: int, z: _Z, block_envs: list[Any]) -> list[list[Any]]:
+        """The sketch of ``Z_j`` against each block of ``C_j``, one task per pair."""
+        g, pieces = self.g, []
+        for c, ((start, stop), env) in enumerate(zip(self.plan.blocks, block_envs, strict=True)):
+            row = [g.add((g.name("pass2", j), "sketch", b, c), tasks.sketch_piece, env, key,
+                         site=j, start=start, stop=stop, run=g.token, store=self.store)
+                   for b, key in enumerate(z.keys)]
+            at_env = self.sweep.pass2.pieces_at_env
+            pieces.append([g.pin(k, c) if at_env else self.place(k, 0) for k in row])
+        return pieces
+
+    def qr(self, j: int, z: _Z, step: SiteStep) -> Any:
+        """The QR task of site ``j``: ``(η_j, S_{j-1}, Z_{j-1})``, as far as ``step``
+        makes them here."""
+        g, stack, store = self.g, self.stack, self.store
+        checkpoint = partial(store.write_pass2, j) if store else None
+        options = dict(up=stack.up(j), down=stack.down(j), cutoff=self.plan.cutoff,
+                       max_rank=stack.max_rank(j), site=j,
+                       checkpoint=None if step.chain else checkpoint)
+        left = self.cores[j - 1] if step.whole else None
+        key = (g.name("pass2", j), "qr")
+        block_envs = self.block_envs(j)
+        if step.fused:
+            state = g.add(key, tasks.fused_pass2, block_envs, z.keys, left,
+                          z_in_state=z.in_state, blocks=self.plan.blocks, run=g.token,
+                          store=store, **options)
+        else:
+            state = g.add(key, tasks.pass2_step, self.pieces(j, z, block_envs),
+                          None if step.chain else z.keys, left, **options)
+        if self.sweep.pass2.home:
+            g.pin(state, 0)
+        return state
+
+    def chain(self, j: int, z: _Z) -> Any:
+        """``S_{j-1}`` summed along ``Z_j``'s row blocks where each is (one running sum
+        in memory, not one partial per block), then checkpointed."""
+        g, env = self.g, None
+        update = _oom.naming_the_site(K.partial_update, site=j, step="pass 2")
+        for b, key in enumerate(z.keys):
+            env = self.place(g.add((g.name("pass2", j), "update", b), update, self.out[j], key,
+                                   env, rows=(b, len(z.keys))), b)
+        if self.store is not None:
+            env = g.add((g.name("pass2", j), "env"), tasks.checkpointed, env, self.out[j],
+                        checkpoint=partial(self.store.write_pass2, j))
+        return env
+
+    def site(self, j: int, z: _Z) -> tuple[_Z | None, Any]:
+        """Site ``j``'s step; returns the next site's ``Z`` (None: to be projected from
+        the returned environment) and that environment."""
+        g = self.g
+        step = self.sweep.pass2.step(self.sweep.z_blocks[j], self.sweep.z_blocks[j - 1])
+        state = self.qr(j, z, step)
+        self.out[j] = g.add((g.name("pass2", j), "core"), operator.getitem, state, 0)
+        if step.chain:
+            return None, self.chain(j, z)
+        if step.whole and self.sweep.pass2.together and j > 1:
+            return _Z([state], in_state=True), None  # the next site's task picks Z out
+        if step.whole:
+            return _Z([g.add((g.name("pass2", j - 1), "project", 0), operator.getitem,
+                             state, 2)]), None
+        return None, g.add((g.name("pass2", j), "env"), operator.getitem, state, 1)
+
+
+def add(g: GraphBuilder, inputs: Inputs, envs: list[list[Any]], store: RunStore | None,
+        progress: Progress | None) -> list[Any]:
+    """Add pass 2 (from where ``progress`` says an earlier run stopped); returns the
+    keys of the padded output cores, site by site."""
+    p = _Pass2(g, inputs, envs, store, progress)
+    env = p.resume()
+    z = None
+    for j in range(p.first, 0, -1):
+        if z is None:
+            z = p.project(j, env)
+        z, env = p.site(j, z)
+    if z is None:
+        z = p.project(0, env)
+    p.out[0] = g.add((g.name("pass2", 0), "core"), K.first_core, z.keys)
+    return p.out

@@ -1,0 +1,158 @@
+"""The functions the sweep graph's tasks run (one per kind of task).
+
+They are small wrappers around the kernels that add what a task needs and a
+kernel should not know: reading stored cores, the run store, out-of-memory
+halving, and naming the site in errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+
+from .. import _integrity, _oom, _random, _transfer
+from .. import _kernels as K
+from .._runstore import RunStore
+
+
+def is_stored(x: Any) -> bool:
+    """A stored array read whole by a task of its own: Zarr, or a verified one
+    (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk)."""
+    return isinstance(x, _integrity.VerifiedArray) or type(x).__module__.startswith("zarr")
+
+
+def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
+    """A whole Zarr array, in host memory (a GPU run moves it in ``prepare_core``
+    through pinned memory on a copy stream: faster than zarr's GPU buffers,
+    which copy pageable memory on the kernels' stream). ``after``: see ``GraphBuilder.array``.
+
+    ``pinned`` (GPU runs): read straight into page-locked memory. Zarr copies every
+    chunk into the output on its one event-loop thread, so a fresh output, whose
+    pages are touched for the first time there, capped reads at ~0.8 GB/s for all
+    the worker's threads together; a pooled pinned buffer also spares the copy
+    into pinned memory before the transfer.
+
+    A :class:`_integrity.VerifiedArray` is read through its checks (missing or
+    damaged chunks, NaN/inf, a train saved over: ``DamagedDataError``/``StoreError``).
+    """
+    if isinstance(x, _integrity.VerifiedArray):
+        return x.read(out=_transfer.empty_pinned(x.shape, x.dtype)) if pinned else x.read()
+    if not pinned or not hasattr(x, "get_basic_selection"):
+        return x[...]
+    from zarr.core.buffer.cpu import NDBuffer
+
+    out = _transfer.empty_pinned(x.shape, x.dtype)
+    x.get_basic_selection(Ellipsis, out=NDBuffer.from_numpy_array(out))
+    return out
+
+
+def prepare(raw: Any, after: Any = None, **options: Any) -> Any:
+    """:func:`_kernels.prepare_core`; ``after``: see ``GraphBuilder.array``."""
+    return K.prepare_core(raw, **options)
+
+
+def lazy(core: Any) -> Any:
+    """Dask arrays stay; Zarr (and other array-likes) are wrapped without reading; a
+    verified array keeps its checks (``_integrity.to_dask``)."""
+    if isinstance(core, da.Array) or K.is_in_memory(core):
+        return core
+    if isinstance(core, _integrity.VerifiedArray):
+        return _integrity.to_dask(core)
+    return da.from_array(core, chunks=getattr(core, "chunks", "auto"), asarray=False)
+
+
+def pass1_block(env: Any, cores: list[Any], *, site: int, start: int, stop: int, run: str,
+                store: RunStore | None, block: int, last: bool, seed_key: int,
+                legs: tuple[int, int]) -> Any:
+    """One step of a block's pass-1 chain, in halves if it does not fit in memory.
+
+    With a run store ``C_{j+1}`` also goes to disk (pass 2 reads it there) and
+    the last site marks the block done.
+    """
+    omega = _random.sketch_block(seed_key, site, start, stop, legs, cores[0].dtype)
+
+    def compute(a: int, b: int) -> Any:
+        part = None if env is None else env[a:b]
+        return K.sketch_step(part, cores, omega=omega[a:b], site=site)
+
+    out = _oom.halving(compute, stop - start, xp=K.xp_of(cores[0]), run=run, step="pass 1",
+                       site=site, bytes_per_column=K.sketch_step_bytes(cores))
+    if store is None:
+        return out
+    store.write_env(site + 1, start, out)
+    if last:
+        store.mark_block_done(block)
+        return None
+    return out
+
+
+def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str,
+                 store: RunStore | None) -> Any:
+    """A block of pass 2's sketch, in halves if it does not fit in memory."""
+    if z is None:
+        return None
+    xp = K.xp_of(z)
+    if store is not None:
+        env = xp.asarray(store.read_env(site, start, stop))
+    return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], z), stop - start, xp=xp,
+                        run=run, step="pass 2", site=site,
+                        bytes_per_column=K.sketch_piece_bytes(env, z))
+
+
+def pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
+    """:func:`_kernels.pass2_step`, naming the site in an out-of-memory error."""
+    return _oom.naming_the_site(K.pass2_step, site=site, step="pass 2")(*args, site=site,
+                                                                        **kwargs)
+
+
+def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | None, *,
+                z_in_state: bool, blocks: list[tuple[int, int]], run: str,
+                store: RunStore | None, site: int, **options: Any) -> Any:
+    """A site of pass 2 in one task: the sketch pieces of each column block of ``C_j``
+    (``block_envs``) against the whole ``Z_j``, then :func:`pass2_step`. ``z_in_state``:
+    ``zs`` is ``[the previous step's result]``, whose third item is ``Z_j``."""
+    if z_in_state:
+        zs = [zs[0][2]]
+    pieces = [[sketch_piece(env, zs[0], site=site, start=start, stop=stop, run=run,
+                            store=store)]
+              for env, (start, stop) in zip(block_envs, blocks, strict=True)]
+    return pass2_step(pieces, zs, cores_left, site=site, **options)
+
+
+def checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
+    """``env`` (``S_{j-1}``), once ``checkpoint(η_j, S_{j-1})`` has saved it."""
+    checkpoint(eta, env)
+    return env
+
+
+def stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
+    """η or the right environment of a site an earlier run finished, on this run's device."""
+    read = store.read_eta if what == "eta" else store.read_right_env
+    return K.on_device(read(site), device)
+
+
+def first(x: Any, after: Any = None) -> Any:
+    """``x``, where this task runs, once ``after`` has run (a fetch ahead of use)."""
+    return x
+
+
+def finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,
+           to_host: bool) -> Any:
+    """The output core in quimb's layout: to the client, or into the store (its shape
+    returned).
+
+    Only site 0 (and, after rounding, the last site) carries the norm; the
+    other cores have orthonormal rows, finite whenever their QR succeeded. The
+    check is a device synchronisation, so it is made where it can fail.
+    """
+    if site in (0, n - 1) and not K.all_finite(core):
+        raise FloatingPointError(
+            f"site {site}: the result contains NaN or inf (overflow? rescale the inputs)"
+        )
+    core = K.xp_of(core).ascontiguousarray(K.unpad(core, kind, site, n))
+    if to_host or store is not None:
+        core = _transfer.to_host(core)
+    return core if store is None else store.write_result(site, core)
+

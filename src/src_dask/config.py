@@ -1,0 +1,50 @@
+"""src_dask's settings: Dask config keys under ``src_dask``, with defaults in
+``src_dask.yaml`` beside this module (loaded into Dask's defaults on import, so
+``dask.config.get("src_dask")`` shows them all).
+
+=========================  =======================================================
+key                        meaning
+=========================  =======================================================
+``device``                 ``auto``, ``cpu`` or ``gpu``: where the kernels run
+``keep-inputs``            ``auto``, ``true`` or ``false``: lazy inputs kept for pass 2
+``keep-inputs-fraction``   ``auto`` keeps them up to this share of a worker's memory
+``block-size``             largest environment block a default ``chunk`` aims for
+``projection-block-size``  largest projected core made in one piece
+=========================  =======================================================
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+import dask.utils
+import yaml
+
+_FILE = os.path.join(os.path.dirname(__file__), "src_dask.yaml")
+
+with open(_FILE, encoding="utf-8") as _f:
+    defaults = yaml.safe_load(_f)
+
+dask.config.update_defaults(defaults)
+
+
+def get(key: str) -> Any:
+    """The setting ``src_dask.<key>``."""
+    return dask.config.get(f"src_dask.{key}")
+
+
+def get_bytes(key: str) -> int:
+    """A size setting (``"256 MiB"`` or a number of bytes) in bytes."""
+    return int(dask.utils.parse_bytes(get(key)))
+
+
+def get_choice(key: str, choices: tuple[Any, ...]) -> Any:
+    """A setting that must be one of ``choices``; anything else is a ValueError
+    naming the key."""
+    value = get(key)
+    if value not in choices:
+        names = ", ".join(str(c) for c in choices[:-1]) + f" or {choices[-1]}"
+        raise ValueError(f"dask config src_dask.{key}: expected {names}, got {value!r}")
+    return value
