@@ -1,0 +1,107 @@
+"""The plan: every sizing, placement and fusion decision, as pure functions."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+
+from src_dask import _plan, problems
+from src_dask._stack import make_stack
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _stack(n=6, mpo_bond=3, mps_bond=5, phys=2):
+    return make_stack((problems.random_mpo(n, mpo_bond, phys, seed=1),
+                       problems.random_mps(n, mps_bond, phys, seed=2)))
+
+
+def _plan_of(**kw):
+    return _plan.Plan(**{"sketch": 8, "chunk": 4, "chi_out": 8, "cutoff": 0.0, "key": 0,
+                         "round": False, **kw})
+
+
+@pytest.mark.parametrize("device, workers, groups, want", [
+    # (home, together, spread, pieces_at_env)
+    ("cpu", 0, 1, (False, False, False, True)),  # Dask's local scheduler
+    ("cpu", 1, 1, (False, True, False, True)),  # one cluster worker
+    ("cpu", 3, 1, (False, False, True, True)),  # CPU workers share Z's row blocks
+    ("gpu", 1, 1, (False, True, False, False)),  # one GPU
+    ("gpu", 2, 2, (True, True, False, False)),  # several GPUs: pass 2 on the first
+])
+def test_pass2_strategy(device, workers, groups, want):
+    p = _plan.Pass2.decide(device, workers, groups)
+    assert (p.home, p.together, p.spread, p.pieces_at_env) == want
+
+
+@pytest.mark.parametrize("together, spread, z_here, z_left, want", [
+    # (fused, chain, whole)
+    (True, False, 1, 1, (True, False, True)),  # one task per site, Z handed on
+    (True, False, 1, 3, (True, False, False)),  # next Z too large: made in row blocks
+    (True, False, 4, 1, (False, False, True)),  # this Z in blocks: pieces as tasks
+    (False, True, 4, 1, (False, True, False)),  # blocks over CPU workers: a chain of updates
+    (False, True, 1, 1, (False, False, True)),
+    (False, False, 1, 1, (False, False, True)),  # local threads: pieces as tasks
+])
+def test_site_step(together, spread, z_here, z_left, want):
+    p = _plan.Pass2(home=False, together=together, spread=spread, pieces_at_env=True)
+    s = p.step(z_here, z_left)
+    assert (s.fused, s.chain, s.whole) == want
+
+
+def test_sketch_is_clamped_to_the_reachable_rank():
+    stack = _stack(n=6, mpo_bond=3, mps_bond=5)
+    # bonds 15, capped by 2**k on the smaller side of each cut: at most 8 (middle cut)
+    assert _plan.reachable_rank(stack) == 8
+    assert _plan.sketch_width(stack, 4, 2) == 6
+    assert _plan.sketch_width(stack, 10**9, 10**9) == 8
+
+
+def test_reachable_rank_of_uneven_legs_on_the_right():
+    # physical dim 3 and 4 sites: the right side caps the last cut at 3·3 = 9 < 27
+    stack = make_stack((problems.random_mps(4, 100, 3, seed=0),))
+    assert _plan.reachable_rank(stack) == 9
+
+
+def test_default_chunk_fills_the_slots_within_the_block_size():
+    stack = _stack()
+    assert _plan.default_chunk(stack, 100, 1) == 100
+    assert _plan.default_chunk(stack, 100, 4) == 25
+    per_column = 16 * max(3 * 5, 1)  # the largest environment row: bonds 3·5, complex128
+    with dask.config.set({"src_dask.block-size": per_column * 10}):
+        assert _plan.default_chunk(stack, 100, 1) == 10
+
+
+@pytest.mark.parametrize("setting, lazy, memory, want", [
+    ("auto", 10, 40, True), ("auto", 11, 40, False), ("auto", 10, None, False),
+    ("auto", 0, None, True), (True, 10, 1, True), (False, 1, 100, False),
+])
+def test_keep_inputs(setting, lazy, memory, want):
+    with dask.config.set({"src_dask.keep-inputs": setting}):
+        assert _plan.keep_inputs(lazy, memory) is want
+
+
+def test_keep_inputs_setting_is_checked():
+    with dask.config.set({"src_dask.keep-inputs": "often"}), \
+            pytest.raises(ValueError, match="src_dask.keep-inputs: expected auto, True or False"):
+        _plan.keep_inputs(1, 1)
+
+
+def test_config_defaults_are_visible_to_dask():
+    settings = dask.config.get("src_dask")
+    assert settings["device"] == "auto" and settings["keep-inputs"] == "auto"
+    assert _plan.Plan(sketch=1, chunk=1, chi_out=1, cutoff=0, key=0, round=False
+                      ).z_block_bytes == 2 * 2**30
+
+
+def test_sweep_plan_decides_once_per_stack_and_workers():
+    stack = _stack(n=7)
+    with dask.config.set({"src_dask.projection-block-size": 16 * 40}):
+        plan = _plan_of()
+        sweep = _plan.SweepPlan.decide(stack, plan, ["w0", "w1"])
+    assert sweep.groups == 1 and not sweep.pass2.home and sweep.pass2.spread
+    assert sweep.z_blocks == tuple(_plan.z_blocks(stack, plan, j) for j in range(7))
+    assert max(sweep.z_blocks) > 1 and sweep.z_blocks[-1] == 1
+    gpu = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["w0", "w1"])
+    assert gpu.groups == 2 and gpu.pass2.home
+    assert 2 <= sweep.lookahead <= 8
