@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
+from ._layout import pad
+from ._layout import unpad as unpad
 from ._transfer import is_cupy, to_device
 
 
@@ -153,15 +155,7 @@ def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, d
     # every contraction queued before it (a device synchronisation per core).
     if check and not all_finite(block):
         raise ValueError(f"{name}, site {site}: the core contains NaN or inf")
-    block = on_device(block, device)
-    if site == 0:
-        block = block[None]
-    if site == n - 1:
-        block = block[:, None]
-    if kind == "mps":
-        block = block[..., None]
-    if transpose:
-        block = block.swapaxes(2, 3)
+    block = pad(on_device(block, device), kind, site, n, transpose)
     return xp_of(block).ascontiguousarray(block.astype(dtype, copy=False))
 
 
@@ -442,14 +436,3 @@ def round_step(carry: Any | None, core: Any, chi: int, cutoff: float,
     basis = _canonical_basis(u[:, :keep], mat)
     new = basis.reshape(left, up, down, keep).transpose(0, 3, 1, 2)
     return xp.ascontiguousarray(new), basis.conj().T @ mat
-
-
-def unpad(core: Any, kind: str, site: int, n: int) -> Any:
-    """Drop the padded legs: back to quimb's layouts for an MPS or MPO result."""
-    if kind == "mps":
-        core = core[..., 0]
-    if site == n - 1:
-        core = core[:, 0]
-    if site == 0:
-        core = core[0]
-    return core

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from ._kernels import all_finite, is_in_memory
-from .trains import Kind, TensorTrain, _unknown_shape, _unknown_shape_error, as_train
-
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
+from ._layout import padded_shape
+from .trains import Kind, TensorTrain, order_product
 
 
 @dataclass(frozen=True)
@@ -31,17 +30,8 @@ class Factor:
 
     def padded_shape(self, site: int) -> tuple[int, int, int, int]:
         """The rank-4 shape ``(a, b, up, down)`` of this factor's core at ``site``."""
-        n = len(self.train)
-        shape = list(self.train[site].shape)
-        if site == 0:
-            shape.insert(0, 1)
-        if site == n - 1:
-            shape.insert(1, 1)
-        if self.train.kind == "mps":
-            shape.append(1)
-        if self.transpose:
-            shape[2], shape[3] = shape[3], shape[2]
-        return tuple(int(s) for s in shape)
+        return padded_shape(tuple(self.train[site].shape), self.train.kind, site,
+                            len(self.train), self.transpose)
 
 
 @dataclass(frozen=True)
@@ -91,43 +81,12 @@ class Stack:
         return self._padded[site][-1][3]
 
 
-def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:
-    """The working dtype: ``dtype`` if given, else promoted from the inputs."""
-    for i, t in enumerate(trains):
-        for j, c in enumerate(t):
-            dt = np.dtype(c.dtype)
-            if dt.kind not in "biufc" or dt.itemsize > 16 or dt in (np.float16, np.longdouble):
-                raise TypeError(
-                    f"trains[{i}], site {j}: unsupported dtype {dt}; use float32, float64, "
-                    "complex64 or complex128"
-                )
-    promoted = np.result_type(*[np.dtype(c.dtype) for t in trains for c in t])
-    if promoted.kind in "biu":
-        promoted = np.dtype("float64")
-    if dtype is None:
-        return promoted
-    try:
-        want = np.dtype(dtype)
-    except TypeError as err:
-        raise TypeError(f"dtype: not a dtype: {dtype!r}") from err
-    if want not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"dtype: unsupported {want}; use float32, float64, complex64 or complex128"
-        )
-    if promoted.kind == "c" and want.kind != "c":
-        raise TypeError(
-            f"dtype: the inputs are complex ({promoted}) but dtype={want} would drop "
-            "their imaginary parts"
-        )
-    return want
-
-
-def _legs(train: TensorTrain, site: int) -> tuple[int | None, int | None]:
-    """(up, down) physical sizes at ``site``; an MPS has only its ``p`` leg."""
-    shape = train[site].shape
-    if train.kind == "mps":
-        return int(shape[-1]), None
-    return int(shape[-2]), int(shape[-1])
+def make_stack(trains: tuple[Any, ...], dtype: Any = None) -> Stack:
+    """Validate ``trains`` as the product ``trains[0]·trains[1]·…`` (see module doc)."""
+    product = order_product(trains, dtype)
+    _check_finite_now(product.trains)
+    factors = tuple(Factor(t, transpose) for t, transpose in product.factors)
+    return Stack(factors, product.kind, product.dtype, product.bra)
 
 
 def _check_finite_now(trains: list[TensorTrain]) -> None:
@@ -136,51 +95,3 @@ def _check_finite_now(trains: list[TensorTrain]) -> None:
         for j, c in enumerate(t):
             if is_in_memory(c) and not all_finite(c):
                 raise ValueError(f"trains[{i}], site {j}: the core contains NaN or inf")
-
-
-def make_stack(trains: tuple[Any, ...], dtype: Any = None) -> Stack:
-    """Validate ``trains`` as the product ``trains[0]·trains[1]·…`` (see module doc)."""
-    if not trains:
-        raise ValueError("src needs at least one train")
-    tts = [as_train(t, name=f"trains[{i}]") for i, t in enumerate(trains)]
-    for i, t in enumerate(tts):  # the constructor checks too; a subclass may not call it
-        for j, c in enumerate(t):
-            if _unknown_shape(c):
-                raise _unknown_shape_error(c, f"trains[{i}]", j)
-    n = len(tts[0])
-    for i, t in enumerate(tts[1:], 1):
-        if len(t) != n:
-            raise ValueError(
-                f"trains[{i}] has {len(t)} sites but trains[0] has {n}; all trains of a "
-                "product need the same number of sites"
-            )
-    kinds = [t.kind for t in tts]
-    mps_at = [i for i, k in enumerate(kinds) if k == "mps"]
-    k = len(tts)
-    if len(mps_at) > 1:
-        raise ValueError(
-            f"an MPS may stand only at one end of the product, but trains{mps_at} are MPS "
-            "(an MPS at both ends would be a scalar)"
-        )
-    if mps_at and 0 < mps_at[0] < k - 1:
-        raise ValueError(
-            f"trains[{mps_at[0]}] is an MPS in the middle of the product; an MPS stands last "
-            "(a ket) or first (a bra)"
-        )
-    bra = k > 1 and mps_at == [0]
-    for j in range(n):
-        for i in range(k - 1):
-            down = _legs(tts[i], j)[1 if tts[i].kind == "mpo" else 0]
-            up = _legs(tts[i + 1], j)[0]
-            if down != up:
-                raise ValueError(
-                    f"site {j}: trains[{i}] has a down (input) leg of size {down} but "
-                    f"trains[{i + 1}] has an up (output) leg of size {up}; they must match"
-                )
-    working = resolve_dtype(tts, dtype)
-    _check_finite_now(tts)
-    if bra:
-        factors = tuple(Factor(t, transpose=t.kind == "mpo") for t in reversed(tts))
-    else:
-        factors = tuple(Factor(t) for t in tts)
-    return Stack(factors, "mps" if mps_at else "mpo", working, bra)

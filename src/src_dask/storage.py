@@ -37,8 +37,9 @@ import dask.array as da
 import numpy as np
 
 from . import _integrity, _paths
+from ._layout import RANKS, role
 from .errors import PathRefusedError, StoreError
-from .trains import _RANKS, TensorTrain, _to_numpy, as_train
+from .trains import TensorTrain, _to_numpy, as_train
 
 FORMAT = "src_dask.train"
 VERSION = 2
@@ -99,7 +100,7 @@ def _check_chunks(chunks: Any, kind: str) -> tuple[int, ...] | None:
     """``chunks`` as a tuple of positive ints of the rank of a middle core."""
     if chunks is None:
         return None
-    rank = _RANKS[kind][1]
+    rank = RANKS[kind][1]
     legs = "(l, r, p)" if kind == "mps" else "(l, r, u, d)"
     want = (f"chunks: expected {rank} positive ints, the chunk shape of a middle "
             f"{kind.upper()} core {legs} (rank {rank}), got {chunks!r}")
@@ -321,7 +322,7 @@ def _check_attrs(path: str, attrs: dict) -> tuple[str, int, str]:
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete: an interrupted save; write it again")
     kind = attrs.get("kind")
-    if kind not in _RANKS:
+    if kind not in RANKS:
         raise StoreError(f"{path}: train metadata is damaged (kind {kind!r}, expected 'mps' "
                          "or 'mpo')")
     n = attrs.get("sites")
@@ -351,7 +352,7 @@ def _site(group: Any, path: str, j: int, n: int, kind: str, train_id: str) -> An
                          ) from err
     if not hasattr(arr, "shape"):
         raise StoreError(f"{path}: {name} is a group, not an array")
-    want = _RANKS[kind][0 if j == 0 else 2 if j == n - 1 else 1]
+    want = RANKS[kind][role(j, n)]
     if arr.ndim != want:
         raise StoreError(f"{path}: {name} has rank {arr.ndim} (shape {tuple(arr.shape)}); an "
                          f"{kind.upper()} core here has rank {want}")

@@ -1,4 +1,5 @@
-"""Tensor trains: the container for per-site cores and its conversions.
+"""Tensor trains: the container for per-site cores, its conversions, and the
+product of trains in ket order (checked, for :func:`src` and :func:`exact_product`).
 
 A train is an MPS or an MPO stored as a list of per-site arrays in quimb's
 default layouts (docs/design.md §1)::
@@ -14,16 +15,19 @@ them, so a train opened from disk stays lazy.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from ._layout import RANKS, pad, pad_bonds, role, unpad
 from ._transfer import to_host
+
+#: The dtypes a run works in.
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64", "complex128"))
 
 Kind = Literal["mps", "mpo"]
 
-#: Rank of (first, middle, last) site cores for each kind of train.
-_RANKS: dict[str, tuple[int, int, int]] = {"mps": (2, 3, 2), "mpo": (3, 4, 3)}
 
 
 def _is_array(x: Any) -> bool:
@@ -43,11 +47,6 @@ def _unknown_shape_error(core: Any, name: str, site: int) -> ValueError:
                           ".compute_chunk_sizes() first")
     return ValueError(f"{name}, site {site}: a core of unknown shape {shape}; every size must "
                       "be known before the train is used")
-
-
-def _site_role(site: int, n: int) -> int:
-    """0 for the first site, 2 for the last, 1 in between."""
-    return 0 if site == 0 else 2 if site == n - 1 else 1
 
 
 def _left_bond(core: Any, site: int) -> int:
@@ -97,12 +96,12 @@ class TensorTrain(Sequence):
                     f"{name}, site 0: rank {cores[0].ndim}; a first site has rank 2 "
                     "(MPS (r, p)) or 3 (MPO (r, u, d))"
                 )
-        if kind not in _RANKS:
+        if kind not in RANKS:
             raise ValueError(f"{name}: kind must be 'mps' or 'mpo', got {kind!r}")
         n = len(cores)
-        ranks = _RANKS[kind]
+        ranks = RANKS[kind]
         for j, core in enumerate(cores):
-            want = ranks[_site_role(j, n)]
+            want = ranks[role(j, n)]
             if core.ndim != want:
                 raise ValueError(
                     f"{name}, site {j}: an {kind.upper()} core here has rank {want}, "
@@ -210,7 +209,7 @@ class TensorTrain(Sequence):
         for j, (a, b) in enumerate(zip(self.to_numpy(), other.to_numpy(), strict=True)):
             shapes = a.shape, b.shape
             try:
-                a, b = _pad_ends(a, j, n), _pad_ends(b, j, n)
+                a, b = pad_bonds(a, j, n), pad_bonds(b, j, n)
                 a, b = (a.reshape(a.shape[0], a.shape[1], -1),
                         b.reshape(b.shape[0], b.shape[1], -1))
                 env = np.einsum("lL,lrp,LRp->rR", env, a.conj(), b, optimize=True)
@@ -234,12 +233,12 @@ class TensorTrain(Sequence):
         if self.kind == "mps":
             acc = np.ones((1, 1))
             for j, a in enumerate(self.to_numpy()):
-                a = _pad_ends(a, j, n)  # (l, r, p)
+                a = pad_bonds(a, j, n)  # (l, r, p)
                 acc = np.einsum("lP,lrp->rPp", acc, a).reshape(a.shape[1], -1)
             return acc[0]
         acc = np.ones((1, 1, 1))
         for j, a in enumerate(self.to_numpy()):
-            a = _pad_ends(a, j, n)  # (l, r, u, d)
+            a = pad_bonds(a, j, n)  # (l, r, u, d)
             acc = np.einsum("lUD,lrud->rUuDd", acc, a)
             acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
         return acc[0]
@@ -248,15 +247,6 @@ class TensorTrain(Sequence):
 def _legs_text(dims: tuple[int, ...]) -> str:
     """Physical legs for a message: ``2`` for an MPS, ``(2, 3)`` for an MPO."""
     return str(dims[0]) if len(dims) == 1 else str(dims)
-
-
-def _pad_ends(a: np.ndarray, j: int, n: int) -> np.ndarray:
-    """A core with size-1 bonds added at the ends of the train: (l, r, ...)."""
-    if j == 0:
-        a = a[None]
-    if j == n - 1:
-        a = a[:, None]
-    return a
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -315,6 +305,106 @@ def as_train(x: Any, *, name: str = "train") -> TensorTrain:
     return TensorTrain(x, name=name)
 
 
+@dataclass(frozen=True)
+class Product:
+    """A validated product ``trains[0]·trains[1]·…`` in ket order: ``factors`` are
+    ``(train, transposed)``; a bra ``φ·A1·…·Ak`` becomes ``Akᵀ·…·A1ᵀ·φ``."""
+
+    trains: list[TensorTrain]  # as given, converted
+    factors: tuple[tuple[TensorTrain, bool], ...]
+    kind: Kind
+    dtype: np.dtype
+    bra: bool
+
+
+def order_product(trains: tuple[Any, ...], dtype: Any = None) -> Product:
+    """Check ``trains`` as a product (same length, MPS only at an end, legs that
+    join, supported dtypes) and put it in ket order; errors name site and train."""
+    if not trains:
+        raise ValueError("src needs at least one train")
+    tts = [as_train(t, name=f"trains[{i}]") for i, t in enumerate(trains)]
+    for i, t in enumerate(tts):  # the constructor checks too; a subclass may not call it
+        for j, c in enumerate(t):
+            if _unknown_shape(c):
+                raise _unknown_shape_error(c, f"trains[{i}]", j)
+    n = len(tts[0])
+    for i, t in enumerate(tts[1:], 1):
+        if len(t) != n:
+            raise ValueError(
+                f"trains[{i}] has {len(t)} sites but trains[0] has {n}; all trains of a "
+                "product need the same number of sites"
+            )
+    mps_at = [i for i, t in enumerate(tts) if t.kind == "mps"]
+    k = len(tts)
+    if len(mps_at) > 1:
+        raise ValueError(
+            f"an MPS may stand only at one end of the product, but trains{mps_at} are MPS "
+            "(an MPS at both ends would be a scalar)"
+        )
+    if mps_at and 0 < mps_at[0] < k - 1:
+        raise ValueError(
+            f"trains[{mps_at[0]}] is an MPS in the middle of the product; an MPS stands last "
+            "(a ket) or first (a bra)"
+        )
+    _check_legs(tts)
+    bra = k > 1 and mps_at == [0]
+    factors = tuple((t, t.kind == "mpo") for t in reversed(tts)) if bra else \
+        tuple((t, False) for t in tts)
+    return Product(tts, factors, "mps" if mps_at else "mpo", resolve_dtype(tts, dtype), bra)
+
+
+def _check_legs(tts: list[TensorTrain]) -> None:
+    """Each train's down (input) legs match the next one's up (output) legs."""
+    for j in range(len(tts[0])):
+        for i in range(len(tts) - 1):
+            down = _legs(tts[i], j)[1 if tts[i].kind == "mpo" else 0]
+            up = _legs(tts[i + 1], j)[0]
+            if down != up:
+                raise ValueError(
+                    f"site {j}: trains[{i}] has a down (input) leg of size {down} but "
+                    f"trains[{i + 1}] has an up (output) leg of size {up}; they must match"
+                )
+
+
+def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:
+    """The working dtype: ``dtype`` if given, else promoted from the inputs."""
+    for i, t in enumerate(trains):
+        for j, c in enumerate(t):
+            dt = np.dtype(c.dtype)
+            if dt.kind not in "biufc" or dt.itemsize > 16 or dt in (np.float16, np.longdouble):
+                raise TypeError(
+                    f"trains[{i}], site {j}: unsupported dtype {dt}; use float32, float64, "
+                    "complex64 or complex128"
+                )
+    promoted = np.result_type(*[np.dtype(c.dtype) for t in trains for c in t])
+    if promoted.kind in "biu":
+        promoted = np.dtype("float64")
+    if dtype is None:
+        return promoted
+    try:
+        want = np.dtype(dtype)
+    except TypeError as err:
+        raise TypeError(f"dtype: not a dtype: {dtype!r}") from err
+    if want not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"dtype: unsupported {want}; use float32, float64, complex64 or complex128"
+        )
+    if promoted.kind == "c" and want.kind != "c":
+        raise TypeError(
+            f"dtype: the inputs are complex ({promoted}) but dtype={want} would drop "
+            "their imaginary parts"
+        )
+    return want
+
+
+def _legs(train: TensorTrain, site: int) -> tuple[int | None, int | None]:
+    """(up, down) physical sizes at ``site``; an MPS has only its ``p`` leg."""
+    shape = train[site].shape
+    if train.kind == "mps":
+        return int(shape[-1]), None
+    return int(shape[-2]), int(shape[-1])
+
+
 def exact_product(*trains: Any) -> TensorTrain:
     """The exact product ``trains[0]·trains[1]·…`` as one train, for checks.
 
@@ -322,25 +412,18 @@ def exact_product(*trains: Any) -> TensorTrain:
     the reference SRC approximates. Same conventions as :func:`src_dask.src`
     (an MPS first is a bra, an MPS last a ket).
     """
-    from ._kernels import prepare_core
-    from ._stack import make_stack
-
-    stack = make_stack(trains)
-    n = stack.n
+    product = order_product(trains)
+    n = len(product.trains[0])
     merged = []
     for j in range(n):
         acc = None
-        for f in stack.factors:  # ket order, padded to (a, b, up, down) as src pads them
-            c = prepare_core(_to_numpy(f.train[j]), kind=f.train.kind, site=j, n=n,
-                             transpose=f.transpose, dtype=stack.dtype, check=False,
-                             name=f.train.name)
+        for t, transpose in product.factors:  # ket order, padded to (a, b, up, down)
+            c = pad(_to_numpy(t[j]), t.kind, j, n, transpose).astype(product.dtype)
             if acc is None:
                 acc = c
                 continue
             acc = np.einsum("abux,ABxd->aAbBud", acc, c)
             s = acc.shape
             acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
-        acc = acc[..., 0] if stack.kind == "mps" else acc
-        acc = acc[:, 0] if j == n - 1 else acc
-        merged.append(acc[0] if j == 0 else acc)
-    return TensorTrain(merged, stack.kind, name="exact product")
+        merged.append(unpad(acc, product.kind, j, n))
+    return TensorTrain(merged, product.kind, name="exact product")
