@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-slow lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks examples docs
 	$(BIN)/python -m pytest -q
+
+# the tests marked slow (memory bounds of out-of-core runs); CI runs them after `make test`
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slow
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_cpu.py

@@ -84,6 +84,7 @@ def _assert_same(y, ref):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: `make test-slow`
 def test_store_bounds_memory(problem, tmp_path):
     x, ref = problem
     with _limited_cluster(tmp_path) as cluster, Client(cluster) as client:
@@ -97,6 +98,7 @@ def test_store_bounds_memory(problem, tmp_path):
         assert all(p < LIMIT for p in peaks.values()), peaks
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: `make test-slow`
 def test_spilling_bounds_memory_without_a_store(problem, tmp_path):
     x, ref = problem
     with _limited_cluster(tmp_path) as cluster, Client(cluster) as client:
