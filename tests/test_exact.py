@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import dense_product, random_mpo, random_mps, rel_err
+from helpers import dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask.trains import exact_product

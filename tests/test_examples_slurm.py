@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from conftest import random_mpo, random_mps
+from helpers import random_mpo, random_mps
 
 import src_dask
 

@@ -12,7 +12,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from conftest import random_mpo, random_mps
+from helpers import random_mpo, random_mps
 
 import src_dask
 

@@ -7,8 +7,8 @@ import time
 import dask
 import numpy as np
 import pytest
-from conftest import dense_product, graphs_received, random_mpo, random_mps, rel_err
 from dask.utils import key_split
+from helpers import dense_product, graphs_received, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _api, _graph, _plan, _random

@@ -9,7 +9,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from conftest import dense_product, random_mpo, random_mps, rel_err
+from helpers import dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import TensorTrain

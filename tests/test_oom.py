@@ -6,7 +6,7 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import random_mpo, random_mps
+from helpers import random_mpo, random_mps
 
 import src_dask
 from src_dask import _kernels as K

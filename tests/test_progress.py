@@ -14,7 +14,7 @@ import types
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import graphs_received, random_mpo, random_mps
+from helpers import graphs_received, random_mpo, random_mps
 
 import src_dask
 from src_dask import _graph, _plan, _progress, _random

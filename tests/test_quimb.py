@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import dense_product
+from helpers import dense_product
 
 import src_dask
 

@@ -10,7 +10,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from conftest import random_mpo, random_mps
+from helpers import random_mpo, random_mps
 
 import src_dask
 from src_dask import _graph, _integrity, _transfer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_mpo, random_mps, rel_err
+from helpers import random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _random

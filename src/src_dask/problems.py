@@ -8,6 +8,9 @@ the problems of docs/design.md §5 and the benchmarks can be made, saved with
 - :func:`random_mps`, :func:`random_mpo`: complex (or real) Gaussian cores,
   bonds capped at what the chain can carry at each cut, scaled so that an MPS
   has norm 1 and an MPO keeps the norm of what it acts on, both on average.
+- :func:`random_train`: the general form — any bonds (uneven, not capped),
+  physical legs per site (an MPO's up and down legs may differ), and an
+  optional decaying spectrum (a compressible product).
 - :func:`stack`: the src-method stack ``N·V·M·U`` (four random MPOs, legs 4×4,
   bonds 4, 4, ``D_M``, 4, entries ``(N(0,1) + i N(0,1)) / sqrt(bond·4)``).
 - :func:`heisenberg`, :func:`ising`: the exact MPOs of quimb's
@@ -31,8 +34,8 @@ import numpy as np
 from .storage import chunks_for
 from .trains import TensorTrain
 
-__all__ = ["STACK_FACTORS", "heisenberg", "ising", "random_mpo", "random_mps", "stack",
-           "stack_mpo"]
+__all__ = ["STACK_FACTORS", "heisenberg", "ising", "random_mpo", "random_mps", "random_train",
+           "stack", "stack_mpo"]
 
 #: The src-method stack: the factors' names, leftmost first, and their bonds (None: ``dm``).
 STACK_FACTORS: tuple[tuple[str, int | None], ...] = (("N", 4), ("V", 4), ("M", None), ("U", 4))
@@ -78,22 +81,62 @@ def _capped_bonds(sites: int, bond: int, phys: int) -> list[int]:
     return out
 
 
-def _gaussian_train(kind: str, bonds: Sequence[int], legs: tuple[int, ...],
-                    scales: Sequence[float], dtype: np.dtype, seed: int | None) -> TensorTrain:
+def _gaussian_train(kind: str, bonds: Sequence[int], legs: Sequence[tuple[int, ...]],
+                    scales: Sequence[float], dtype: np.dtype, seed: int | None,
+                    decay: float | None = None) -> TensorTrain:
     """Lazy Gaussian cores: site ``j`` is ``scales[j] * (re + 1j*im)`` (``re`` alone for a
-    real dtype), ``re`` and ``im`` standard normal, drawn in float64 and cast."""
+    real dtype), ``re`` and ``im`` standard normal, drawn in float64 and cast; legs
+    ``legs[j]``; with ``decay``, index ``i`` of each right bond weighted by ``decay**i``."""
     import dask.array as da
 
     rng = da.random.default_rng(seed)
     cores = []
     for j, scale in enumerate(scales):
-        shape = _core_shape(j, bonds, legs)
+        shape = _core_shape(j, bonds, legs[j])
         chunks = chunks_for(shape, 16, _DRAW_CHUNK_BYTES)
         core = rng.standard_normal(shape, chunks=chunks)
         if dtype.kind == "c":
             core = core + 1j * rng.standard_normal(shape, chunks=chunks)
-        cores.append((core * scale).astype(dtype))
+        core = core * scale
+        if decay is not None and j < len(bonds):
+            axis = 0 if j == 0 else 1  # the right bond
+            weights = decay ** np.arange(bonds[j], dtype=float)
+            core = core * weights.reshape((-1,) + (1,) * (core.ndim - axis - 1))
+        cores.append(core.astype(dtype))
     return TensorTrain(cores, kind, name=f"random {kind}")  # type: ignore[arg-type]
+
+
+def random_train(kind: str, bonds: Sequence[int], phys: int | Sequence[int] = 2, *,
+                 down: int | Sequence[int] | None = None, dtype: Any = "complex128",
+                 seed: int | None = None, decay: float | None = None) -> TensorTrain:
+    """A random MPS or MPO with exactly the ``n - 1`` bonds ``bonds``, lazily drawn.
+
+    ``phys`` (an int, or one per site) is the MPS's physical leg or the MPO's up
+    leg, ``down`` the MPO's down leg (default: ``phys``). Entries are standard
+    Gaussian (complex ``x + iy``), unscaled; with ``decay`` in (0, 1) index ``i``
+    of every right bond is weighted by ``decay**i``, so the product of such trains
+    has a decaying spectrum and compresses well. Odd shapes for tests and
+    examples: uneven bonds, physical dimension 3, different up and down legs.
+    """
+    if kind not in ("mps", "mpo"):
+        raise ValueError(f"kind: expected 'mps' or 'mpo', got {kind!r}")
+    bonds = [_positive(b, "bond") for b in bonds]
+    n = len(bonds) + 1
+    _positive(n, "sites", 2)
+    ups = _per_site(phys, n, "phys")
+    legs = [(u,) for u in ups] if kind == "mps" else \
+        list(zip(ups, _per_site(ups if down is None else down, n, "down"), strict=True))
+    if decay is not None and not 0 < decay <= 1:
+        raise ValueError(f"decay: expected a number in (0, 1], got {decay!r}")
+    return _gaussian_train(kind, bonds, legs, [1.0] * n, _dtype(dtype), seed, decay)
+
+
+def _per_site(x: int | Sequence[int], n: int, what: str) -> list[int]:
+    values = [x] * n if isinstance(x, (int, np.integer)) else list(x)
+    if len(values) != n:
+        raise ValueError(f"{what}: expected an int or {n} values (one per site), got "
+                         f"{len(values)}")
+    return [_positive(v, what) for v in values]
 
 
 def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
@@ -112,7 +155,7 @@ def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
     rights = [*bonds, 1]
     re_im = 2 if dt.kind == "c" else 1
     scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mps", bonds, (phys,), scales, dt, seed)
+    return _gaussian_train("mps", bonds, [(phys,)] * sites, scales, dt, seed)
 
 
 def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
@@ -130,7 +173,7 @@ def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
     rights = [*bonds, 1]
     re_im = 2 if dt.kind == "c" else 1
     scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mpo", bonds, (phys, phys), scales, dt, seed)
+    return _gaussian_train("mpo", bonds, [(phys, phys)] * sites, scales, dt, seed)
 
 
 def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128",
@@ -141,8 +184,8 @@ def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128"
     sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
         _positive(phys, "phys")
     scale = 1 / np.sqrt(bond * phys)
-    return _gaussian_train("mpo", [bond] * (sites - 1), (phys, phys), [scale] * sites,
-                           _dtype(dtype), seed)
+    return _gaussian_train("mpo", [bond] * (sites - 1), [(phys, phys)] * sites,
+                           [scale] * sites, _dtype(dtype), seed)
 
 
 def stack(sites: int = 50, dm: int = 1000, *, phys: int = 4, bond: int = 4,

@@ -1,0 +1,70 @@
+"""Helpers of the tests: random trains in quimb's layouts (drawn by
+:func:`src_dask.problems.random_train`, held in memory), dense reference
+products, and a counter of the graphs a scheduler receives."""
+
+from __future__ import annotations
+
+import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from src_dask import TensorTrain, problems
+
+
+def _bonds(n: int, bond) -> list[int]:
+    bonds = [bond] * (n - 1) if isinstance(bond, int) else list(bond)
+    assert len(bonds) == n - 1
+    return bonds
+
+
+def random_mps(n: int, bond=3, phys=2, dtype=complex, seed=0, decay: float | None = None):
+    """An MPS with the given bonds (int or list, not capped); ``phys`` int or per-site
+    list. ``decay`` weights bond index i by ``decay**i`` so the state is compressible."""
+    t = problems.random_train("mps", _bonds(n, bond), phys, dtype=dtype, seed=seed, decay=decay)
+    return TensorTrain(t.to_numpy(), "mps")
+
+
+def random_mpo(n: int, bond=2, phys=2, dtype=complex, seed=0, down=None,
+               decay: float | None = None):
+    """An MPO with up legs ``phys`` and down legs ``down`` (default ``phys``)."""
+    t = problems.random_train("mpo", _bonds(n, bond), phys, down=down, dtype=dtype, seed=seed,
+                              decay=decay)
+    return TensorTrain(t.to_numpy(), "mpo")
+
+
+def dense_product(*trains) -> np.ndarray:
+    """The exact product of the trains (TensorTrains or quimb MPS/MPO) as a dense
+    vector or matrix."""
+    mats = [np.asarray(t.to_dense()) for t in trains]
+    first_is_mps = getattr(trains[0], "kind", type(trains[0]).__name__) in (
+        "mps", "MatrixProductState")
+    if first_is_mps and len(trains) > 1:  # a bra: row vector first
+        out = mats[0].ravel()
+        for m in mats[1:]:
+            out = out @ m
+        return out
+    out = mats[-1]
+    for m in reversed(mats[:-1]):
+        out = m @ out
+    return out
+
+
+def rel_err(y, exact) -> float:
+    y = y.to_dense() if isinstance(y, TensorTrain) else y
+    return float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
+
+
+class CountGraphs(SchedulerPlugin):
+    """A scheduler plugin counting the graphs the scheduler receives."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.graphs += 1
+
+
+def graphs_received(client, name: str):
+    """Start counting the graphs ``client``'s scheduler receives; returns the count's reader."""
+    client.register_plugin(CountGraphs(), name=name)
+    return lambda: client.run_on_scheduler(
+        lambda dask_scheduler: dask_scheduler.plugins[name].graphs)
