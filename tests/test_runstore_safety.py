@@ -17,6 +17,7 @@ from helpers import random_mpo, random_mps
 import src_dask
 from src_dask import _kernels as K
 from src_dask import _runstore
+from src_dask._lock import LOCK
 from src_dask.errors import DamagedDataError, PathRefusedError, StoreError, StoreLockedError
 
 N = 6
@@ -241,9 +242,9 @@ def test_hand_edited_metadata_is_one_clear_error(problem, tmp_path, edit, match)
 
 
 # -- one writer per store -------------------------------------------------------------------
-def _lock(store, host, pid):
+def _write_lock(store, host, pid):
     os.makedirs(store, exist_ok=True)
-    with open(os.path.join(store, _runstore.LOCK), "w") as f:
+    with open(os.path.join(store, LOCK), "w") as f:
         json.dump({"host": host, "pid": pid, "since": "2026-11-30T10:00:00"}, f)
 
 
@@ -253,7 +254,7 @@ def test_a_locked_store_fails_at_once_naming_the_owner(problem, tmp_path, steps)
     _unfinish(store)
     steps["sketch_step"] = 0
     for host, pid in ((socket.gethostname(), os.getppid()), ("node17", 4242)):
-        _lock(store, host, pid)
+        _write_lock(store, host, pid)
         with pytest.raises(StoreLockedError, match=f"another run .*process {pid} on {host}"):
             _run(problem, store)
     assert steps["sketch_step"] == 0
@@ -266,12 +267,12 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(problem, tmp_path, caplog)
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    _lock(str(tmp_path / "run"), socket.gethostname(), int(dead.stdout))
+    _write_lock(str(tmp_path / "run"), socket.gethostname(), int(dead.stdout))
     with caplog.at_level(logging.WARNING, logger="src_dask"):
         y = _run(problem, tmp_path / "run")
     assert "taking over the lock" in caplog.text
     _close(y, _ref(problem))
-    assert not os.path.exists(tmp_path / "run" / _runstore.LOCK)  # released at the end
+    assert not os.path.exists(tmp_path / "run" / LOCK)  # released at the end
 
 
 def test_the_lock_is_released_when_a_run_fails(problem, tmp_path, monkeypatch):
@@ -281,7 +282,7 @@ def test_the_lock_is_released_when_a_run_fails(problem, tmp_path, monkeypatch):
     monkeypatch.setattr(K, "sketch_step", fail)
     with pytest.raises(RuntimeError, match="boom"):
         _run(problem, tmp_path / "run")
-    assert not os.path.exists(tmp_path / "run" / _runstore.LOCK)
+    assert not os.path.exists(tmp_path / "run" / LOCK)
     monkeypatch.undo()
     _close(_run(problem, tmp_path / "run"), _ref(problem))
 
@@ -327,7 +328,7 @@ def test_a_second_process_on_a_running_store_fails_at_once(problem, tmp_path):
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not os.path.exists(os.path.join(store, _runstore.LOCK)):
+        while not os.path.exists(os.path.join(store, LOCK)):
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         with pytest.raises(StoreLockedError, match=f"process {first.pid} on "):

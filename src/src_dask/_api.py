@@ -65,16 +65,15 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         Sketch columns per block, the unit of parallelism and of memory.
     client
         A ``distributed.Client``; by default the current client, else Dask's
-        default local scheduler (threads, unless ``dask.config`` says otherwise).
+        local scheduler (threads, unless ``dask.config`` says otherwise).
     store
         A run directory (Zarr) for the environments, the output and the run's
         progress: memory is then bounded by disk, and calling ``src`` again
         with the same inputs, options and store resumes an interrupted run
         (or returns the finished one). Workers must be able to reach the path.
     overwrite
-        Replace a ``store`` that holds a run of other inputs or options
-        (otherwise refused with an error); only a run store is ever
-        replaced, never another directory (README, Safety).
+        Replace a ``store`` that holds a run of other inputs or options (else an
+        error); only a run store is ever replaced (README, "Safety").
     progress
         Show a progress bar by pass and site while the graph runs: ``True`` for
         stderr (a widget in a Jupyter notebook), or a text stream to write to.
@@ -98,8 +97,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         raise ValueError(f"seed: expected None or a non-negative int, got {seed!r}")
     seed = None if seed is None else int(seed)  # NumPy integers too
     chunk = None if chunk is None else _positive_int(chunk, "chunk")
-    client = _client(client)
-    progress = _progress.check_progress(progress)
+    client, progress = _client(client), _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
     store = None if store is None else _runstore.check_path(store)
     stack = make_stack(trains, dtype)

@@ -32,8 +32,6 @@ import logging
 import math
 import os
 import shutil
-import socket
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +40,9 @@ import numpy as np
 import zarr
 
 from . import _integrity, _paths
+from ._lock import LOCK, StoreLock
 from ._stack import Stack
-from .errors import DamagedDataError, PathRefusedError, StoreError, StoreLockedError
+from .errors import DamagedDataError, PathRefusedError, StoreError
 from .trains import TensorTrain
 from .trains import _to_numpy as to_numpy
 
@@ -51,7 +50,6 @@ log = logging.getLogger("src_dask")
 
 FORMAT = "src_dask.run"
 VERSION = 2
-LOCK = ".src_dask.lock"
 #: What a run writes at the top of its store: all that ``overwrite`` deletes.
 _ENTRIES = ("zarr.json", "env", "progress", "eta", "S", "result")
 #: Attributes a store must have, and their types.
@@ -126,7 +124,7 @@ class RunStore:
     def __init__(self, path: str, run_id: str | None = None):
         self.path = path
         self.run_id = run_id
-        self._lock: _Lock | None = None
+        self._lock: StoreLock | None = None
 
     # -- client side ------------------------------------------------------
     @classmethod
@@ -151,7 +149,7 @@ class RunStore:
             _check_disk(path, planned_bytes(stack, sketch))
         made = not os.path.exists(path)
         os.makedirs(path, exist_ok=True)
-        lock = _Lock(path)
+        lock = StoreLock(path)
         try:
             lock.acquire()
         except BaseException:
@@ -387,75 +385,6 @@ class _SameRun:
             raise StoreError(f"{self.path}: the run store was replaced or changed since this "
                              "result was returned; its data is gone (compute() results you "
                              "want to keep, or save them with src_dask.save)")
-
-
-class _Lock:
-    """An exclusive lock file in the store: host, pid and time of its owner.
-
-    A lock left by a process of this host that no longer runs is taken over,
-    with a WARNING; any other lock makes a second run fail at once.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.file = os.path.join(path, LOCK)
-        self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
-                      "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex}
-
-    def acquire(self) -> None:
-        for _ in range(3):
-            try:
-                fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.owner, f)
-            return
-        raise StoreLockedError(f"{os.path.dirname(self.file)}: cannot take the lock")
-
-    def _take_over_if_stale(self) -> None:
-        store = os.path.dirname(self.file)
-        try:
-            with open(self.file, encoding="utf-8") as f:
-                owner = json.load(f)
-        except FileNotFoundError:
-            return  # released meanwhile: try again
-        except (OSError, ValueError):
-            owner = {}
-        host, pid = owner.get("host"), owner.get("pid")
-        if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
-            log.warning("src: %s: taking over the lock of process %d on %s, which no longer "
-                        "runs (an interrupted run)", store, pid, host)
-            stale = f"{self.file}.stale-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(self.file, stale)  # only one taker wins the rename
-                os.remove(stale)
-            except FileNotFoundError:
-                pass
-            return
-        who = (f"process {pid} on {host}, since {owner.get('since')}" if pid else
-               "an unreadable lock file")
-        raise StoreLockedError(f"{store}: another run is using this store ({who}); wait for "
-                               f"it to end, or remove {self.file} if that run is gone")
-
-    def release(self) -> None:
-        try:
-            with open(self.file, encoding="utf-8") as f:
-                mine = json.load(f).get("token") == self.owner["token"]
-        except (OSError, ValueError):
-            return
-        if mine:
-            os.remove(self.file)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _metadata_problem(attrs: dict, sites: int) -> str | None:
