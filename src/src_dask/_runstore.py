@@ -372,6 +372,55 @@ class RunStore:
         return tuple(core.shape)
 
 
+def describe(path: str) -> dict[str, Any]:
+    """What the run store at ``path`` holds, as plain data (for ``src-dask info``):
+    options, inputs (kinds, bonds, legs), progress, and the result once complete.
+    A store whose metadata does not add up is one :class:`StoreError`."""
+    attrs = read_attrs(path)
+    if not attrs or attrs.get("format") != FORMAT:
+        raise StoreError(f"{path}: not a src_dask run store")
+    problem = _metadata_problem(attrs, attrs.get("sites") if isinstance(attrs.get("sites"), int)
+                                else -1)
+    if problem is not None:
+        raise StoreError(f"{path}: the run store's metadata is damaged ({problem})")
+    fingerprint = dict(attrs["fingerprint"])
+    try:
+        inputs = [_describe_input(kind, transpose, sites)
+                  for kind, transpose, sites in fingerprint.pop("inputs", [])]
+    except (TypeError, ValueError, IndexError) as err:
+        raise StoreError(f"{path}: the run store's inputs record is damaged ({err})") from None
+    store = RunStore(path, attrs["run_id"])
+    group = store._open_group("r")
+    try:
+        pass1 = [bool(v) for v in _integrity.read(store._array(group, "progress/pass1"),
+                                                  what=f"{path}: progress/pass1")]
+        nxt = group["progress"].attrs.get("pass2_next")
+    except (DamagedDataError, KeyError):
+        pass1, nxt = [], None
+    info: dict[str, Any] = {
+        "path": path, "what": "run store", "complete": attrs["complete"],
+        "options": fingerprint, "seed": attrs["seed"], "sketch": attrs["sketch"],
+        "chunk": attrs["chunk"], "sites": attrs["sites"], "inputs": inputs,
+        "pass1_blocks_done": sum(pass1), "pass1_blocks": len(pass1),
+        "pass2_next_site": nxt if isinstance(nxt, int) else attrs["sites"] - 1,
+        "bytes_planned": attrs.get("bytes_planned")}
+    if attrs["complete"]:
+        kind = "mps" if any(i["kind"] == "mps" for i in inputs) else "mpo"
+        result = store.result(kind)
+        info["result"] = {"kind": kind, "bond_dims": result.bond_dims,
+                          "dtype": result.dtype.name, "bytes": result.nbytes}
+    return info
+
+
+def _describe_input(kind: str, transpose: bool, sites: list) -> dict[str, Any]:
+    """One input of a run, from its fingerprint: kind, bonds and physical legs."""
+    shapes = [shape for shape, _token in sites]
+    legs = 2 if kind == "mpo" else 1
+    return {"kind": kind, "transposed": bool(transpose), "sites": len(shapes),
+            "bond_dims": [s[0] if j == 0 else s[1] for j, s in enumerate(shapes[:-1])],
+            "phys_dims": [s[-legs:] for s in shapes]}
+
+
 class _SameRun:
     """Raises when the store at ``path`` no longer holds the finished run ``run_id``
     (called before each read of a lazily returned result)."""

@@ -363,3 +363,19 @@ def _site(group: Any, path: str, j: int, n: int, kind: str, train_id: str) -> An
         raise StoreError(f"{path}: {name} belongs to another save (copied in by hand?)")
     return arr
 
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """What the train saved at ``path`` holds, as plain data (for ``src-dask info``):
+    kind, sites, bonds, physical legs, dtype, bytes, and how it was made (the
+    ``generated`` / ``made_by`` attributes the command line records)."""
+    tt = open(path)
+    info: dict[str, Any] = {"path": os.fspath(path), "what": "train", "kind": tt.kind,
+                            "sites": len(tt), "bond_dims": tt.bond_dims,
+                            "phys_dims": [list(p) for p in tt.phys_dims],
+                            "dtype": tt.dtype.name, "bytes": tt.nbytes}
+    attrs = _paths.group_attrs(os.path.realpath(os.fspath(path))) or {}
+    for key in ("generated", "made_by"):
+        if key in attrs:
+            info[key] = attrs[key]
+    return info
