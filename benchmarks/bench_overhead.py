@@ -2,14 +2,16 @@
 """Per-call overhead of src_dask: a small MPO·MPS whose GEMMs take next to no time, so
 what is measured is Python and scheduling (graph build, tasks, hops between tasks).
 
-    A   = quimb.tensor.MPO_rand(L, bond_dim=4)       # L = 50 by default
+    A   = quimb.tensor.MPO_rand(L, bond_dim=4)          # L = 50 by default
     psi = quimb.tensor.MPS_rand_state(L, bond_dim=chi)  # chi = 8 by default
     src_dask.apply(A, psi, chi, seed=0)
 
 on Dask's synchronous and threaded schedulers and with a ``Client`` of an in-process
 one-worker ``LocalCluster`` (2 threads), where every dependent task waits for a round
 trip through the scheduler. Prints the best and all of ``--repeats`` calls per
-scheduler (after one warm-up call), and writes JSON with ``--out``.
+scheduler (after one warm-up call) and writes the record
+(benchmarks/results/overhead_<device>.json; the device is where src_dask runs NumPy
+inputs: the GPU where there is one).
 
     python benchmarks/bench_overhead.py
     python benchmarks/bench_overhead.py --L 20 --repeats 3 --out /tmp/overhead.json
@@ -18,32 +20,35 @@ scheduler (after one warm-up call), and writes JSON with ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+import warnings
+from typing import Any
 
-import dask
-from _common import Device, best_of, run_record
+from device import Device
+from harness import Record, output_path, parser, print_table
+from problems import mpo_mps, mpo_mps_spec
+from timing import best_of, runs_text
 
-import src_dask
 
-
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--L", type=int, default=50)
-    p.add_argument("--chi", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--quick", action="store_true", help="L=12, 2 repeats: a smoke test")
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = parser(__doc__, quick="L=12, 2 repeats", repeats=(9, 2), seed=42,
+               out="overhead_<device>.json")
+    p.sized("--L", type=int, full=50, quick=12, help="sites")
+    p.add_argument("--chi", type=int, default=8, help="MPS bond and chi_out (default 8)")
     args = p.parse_args(argv)
-    if args.quick:
-        args.L, args.repeats = 12, 2
+    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
 
-    import quimb.tensor as qtn
+    import dask
     from distributed import Client, LocalCluster
 
-    A = qtn.MPO_rand(args.L, bond_dim=4, phys_dim=2, dtype="complex128", seed=42)
-    psi = qtn.MPS_rand_state(args.L, bond_dim=args.chi, dtype="complex128", seed=43)
+    import src_dask
+
+    device = Device()  # NumPy inputs: src_dask runs them on the GPU where there is one
+    out = output_path(args.out, f"overhead_{device.name}.json", args.quick)
+    record = Record("per-call overhead of src_dask on a small MPO·MPS", device,
+                    problem={**mpo_mps_spec(args.L, args.chi, 4, args.seed), "chi": args.chi,
+                             "mpo_bond": 4, "dtype": "complex128"})
+    print(record.header())
+    A, psi = mpo_mps(args.L, args.chi, 4, args.seed)
 
     def call(client=None):
         return lambda: src_dask.apply(A, psi, args.chi, seed=0, client=client)
@@ -56,17 +61,13 @@ def main(argv: list[str] | None = None) -> dict:
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
         results["client_inprocess_1x2"] = best_of(call(client), args.repeats)[0]
-
-    for name, r in results.items():
-        print(f"{name:24s} best {r['best_s']:.3f} s   all " +
-              " ".join(f"{t:.3f}" for t in r["times_s"]))
-    # NumPy inputs: src_dask runs them on the GPU where there is one (its default)
-    record = {**run_record("src_dask per-call overhead, MPO·MPS", Device()),
-              "problem": {"L": args.L, "chi": args.chi, "mpo_bond": 4, "dtype": "complex128"},
-              "results": results}
-    if args.out is not None:
-        args.out.write_text(json.dumps(record, indent=1))
-        print(f"wrote {args.out}")
+    record["results"] = results
+    print_table(["scheduler", "best s", "all calls s"],
+                [[name, f"{r['best_s']:.3f}", runs_text(r["times_s"])]
+                 for name, r in results.items()],
+                [f"one warm-up call, then {args.repeats}; MPO·MPS L={args.L}, chi={args.chi}"],
+                align="lrl")
+    record.write(out)
     return record
 
 

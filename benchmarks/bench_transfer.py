@@ -4,18 +4,22 @@
 Moves a 1 GiB CuPy array from worker 0 to worker 1 for each ``--protocol`` and RMM
 allocator (``async``: ``src_dask.cluster``'s default stream-ordered pool; ``pool``: a
 classic RMM pool, which dask-cuda's UCX notes recommend because CUDA IPC maps each
-allocation once per pair of processes), and writes ``transfer_gpu.json``. This is the
-rate at which pass 2 on several GPUs moves sums of ``S`` and blocks of ``C_j``.
+allocation once per pair of processes), prints a table and writes the record
+(benchmarks/results/transfer_gpu.json). This is the rate at which pass 2 on several
+GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the protocol and
+allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses it).
 
     python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
+    python benchmarks/bench_transfer.py --best benchmarks/results/transfer_gpu.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+
+from harness import Record, cell, output_path, parser, print_table
 
 
 def _make(nbytes: int):
@@ -43,13 +47,12 @@ def _peer_access() -> dict:
 
 
 def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
-    from _common import rmm_options
+    from clusters import rmm_options
     from distributed import Client, wait
 
     import src_dask
 
-    allocator = rmm_options(rmm)
-    with src_dask.cluster(gpus=2, protocol=protocol, **allocator) as cluster, \
+    with src_dask.cluster(gpus=2, protocol=protocol, **rmm_options(rmm)) as cluster, \
             Client(cluster) as client:
         w0, w1 = sorted(client.scheduler_info()["workers"])
         times = []
@@ -74,21 +77,22 @@ def best(path: Path) -> str:
     return f"{top.get('protocol', 'tcp')} {top.get('rmm', 'async')}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__, repeats=3, out="transfer_gpu.json")
     p.add_argument("--best", type=Path, metavar="JSON",
                    help="only print the protocol and allocator of the fastest run in JSON")
     p.add_argument("--protocol", nargs="+", default=["tcp", "ucx"])
     p.add_argument("--rmm", nargs="+", choices=("async", "pool"), default=["async"])
     p.add_argument("--gib", type=float, default=1.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.best:
         print(best(args.best))
         return
-    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "peer_access": _peer_access(), "runs": []}
+    from device import Device
+
+    record = Record("CuPy block from one GPU worker to another", Device("gpu", cluster=True),
+                    peer_access=_peer_access(), runs=[])
+    print(record.header())
     for protocol in args.protocol:
         for rmm in args.rmm:
             try:
@@ -96,10 +100,13 @@ def main() -> None:
                                               args.repeats))
             except Exception as e:  # noqa: BLE001 - one failing still reports the others
                 record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
-        print(json.dumps(record["runs"][-1]))
-    print("peer access:", record["peer_access"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "transfer_gpu.json").write_text(json.dumps(record, indent=1))
+    print_table(["protocol", "rmm", "best GB/s", "seconds", "error"],
+                [[r["protocol"], r["rmm"], cell(r.get("best_GBps"), ".2f"),
+                  " ".join(f"{t:.3f}" for t in r.get("seconds", [])), r.get("error", "")]
+                 for r in record["runs"]],
+                [f"{args.gib} GiB from worker 0 to worker 1; peer access: "
+                 f"{record['peer_access']}"], align="llrll")
+    record.write(output_path(args.out, "transfer_gpu.json"))
 
 
 if __name__ == "__main__":

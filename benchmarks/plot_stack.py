@@ -1,7 +1,7 @@
 # ruff: noqa: T201
 """A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest
-(quimb's src, where a record timed it, as one grey bar), against the issue's time target
-and the FLOP floor at the GEMM rate of its run.
+(quimb's src, where a record timed it, as one grey bar), against the time target and
+the FLOP floor (benchmarks/flops.py) at the GEMM rate of its run.
 
     python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
     (writes benchmarks/results/stack_gpu.png; --out elsewhere)
@@ -9,11 +9,17 @@ and the FLOP floor at the GEMM rate of its run.
 
 from __future__ import annotations
 
-import argparse
 import json
+import textwrap
 from pathlib import Path
 
-TARGET_S = {(1000, 500): 22.0, (2000, 1000): 175.0}
+from flops import LEGEND
+from harness import RESULTS, parser
+from problems import STACK_TARGETS
+
+#: The time target per (D_M, chi_out) of the GPU runs.
+TARGET_S = {(dm, chi): t.bound for (device, dm, chi), targets in STACK_TARGETS.items()
+            for t in targets if device == "gpu" and t.what == "best_s"}
 
 
 def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
@@ -24,11 +30,12 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
         size = (rec["problem"]["dm"], rec["problem"]["chi_out"])
         floor = rec["flops"]["total"] / (rec["gemm_complex128"]["tflops"] * 1e12)
         when = f"{rec['date'][5:10]} {rec['date'][11:16]}Z"
+        where = rec["device"].get("gpu", rec["cpu_model"])
         quimb = rec.get("quimb", {})
         if "best_s" in quimb:
             out.setdefault(size, []).append({"label": f"{when} quimb src", "pass1": 0.0,
                                              "total": quimb["best_s"], "floor": floor,
-                                             "quimb": True})
+                                             "quimb": True, "where": where})
         for run in rec["runs"].values():
             if "best_s" not in run:
                 continue
@@ -39,7 +46,7 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
             label = f"{when} {gpus}{link}{_variant(run)}"
             out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
                                              "total": run["best_s"], "floor": floor,
-                                             "quimb": False})
+                                             "quimb": False, "where": where})
     return out
 
 
@@ -70,7 +77,7 @@ def plot(records: list[dict], path: Path) -> None:
                 color=["0.6" if r["quimb"] else "tab:orange" for r in runs],
                 label="pass 2 and the rest (grey: quimb's whole run)")
         ax.set_yticks(list(y), [r["label"] for r in runs])
-        ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at GEMM rate")
+        ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at the GEMM rate")
         if size in TARGET_S:
             ax.axvline(TARGET_S[size], color="tab:red", ls="--", label="target")
         longest = max(r["total"] for r in runs)
@@ -80,20 +87,22 @@ def plot(records: list[dict], path: Path) -> None:
             ax.text(min(r["total"], limit) * 0.99, i, f"{r['total']:.1f} s",
                     ha="right" if r["total"] > limit * 0.8 else "left", va="center",
                     fontsize=7)
-        ax.set_title(f"stack N·V·M·U, D_M={size[0]}, chi_out={size[1]}, complex128, H200",
-                     fontsize=9)
+        ax.set_title(f"stack N·V·M·U, D_M={size[0]}, chi_out={size[1]}, complex128, "
+                     f"{runs[-1]['where']}", fontsize=9)
         ax.set_xlabel("seconds")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
+    fig.text(0.01, 0.005, textwrap.fill(LEGEND, 160), fontsize=6)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("records", nargs="+", type=Path)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/stack_gpu.png"))
-    args = p.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("records", nargs="+", type=Path, help="bench_stack.py records (JSON)")
+    p.add_argument("--out", type=Path, default=RESULTS / "stack_gpu.png",
+                   help="the PNG (default benchmarks/results/stack_gpu.png)")
+    args = p.parse_args(argv)
     plot([json.loads(r.read_text()) for r in args.records], args.out)
 
 

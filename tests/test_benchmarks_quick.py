@@ -1,35 +1,81 @@
-"""The benchmark scripts run end to end at their ``--quick`` sizes (the GPU when there is one)."""
+"""The benchmark scripts run end to end at their ``--quick`` sizes (the GPU when there is
+one), in this process (their imports are paid once); every script answers ``--help``."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
+           "gpu_reference", "plot_stack", "profile_gpu", "profile_kernels")
+#: What every table with a percentage of the GEMM rate states under it.
+FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
 
-def _run(script: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(BENCH / script), "--quick", *args],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+@pytest.fixture(autouse=True)
+def _bench_path(monkeypatch):
+    """The scripts import their shared modules (harness, flops, ...) by name; cluster
+    workers started by a script get this path too."""
+    monkeypatch.syspath_prepend(str(BENCH))
 
 
-def test_bench_cpu_quick(tmp_path):
+def _main(script: str, *args: str, capsys) -> tuple[object, str]:
+    """``script``'s ``main(["--quick", *args])``: its return value and what it printed."""
+    result = importlib.import_module(script).main(["--quick", *args])
+    return result, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_answers_help(script, capsys):
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as done:
+        module.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and module.__doc__.splitlines()[0] in out
+
+
+def test_gpu_run_sh_parses_and_refuses_unknown_parts(tmp_path):
+    script = BENCH / "gpu_run.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    done = subprocess.run(["bash", str(script)], cwd=BENCH.parent, capture_output=True,
+                          text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "PART": "nope"})
+    assert done.returncode == 2 and "PART entries must be among" in done.stderr
+
+
+def test_no_script_writes_time_stamped_names():
+    """Records are overwritten in place (git keeps their history): no file name is built
+    from the clock, and the old history folder is gone."""
+    assert not (BENCH / "results" / "history").exists()
+    assert not [p for p in (BENCH / "results").iterdir() if re.search(r"_\d{4}Z\.", p.name)]
+    for path in [*BENCH.glob("*.py"), *BENCH.glob("*.sh")]:
+        text = path.read_text()
+        assert "strftime" not in text and "%H%MZ" not in text, path
+
+
+def test_bench_cpu_quick(tmp_path, capsys):
     out = tmp_path / "cpu.json"
-    _run("bench_cpu.py", "--no-cluster", "--out", str(out))
+    _main("bench_cpu", "--no-cluster", "--out", str(out), capsys=capsys)
     record = json.loads(out.read_text())
-    assert record["flops"]["total"] > 0
+    assert record["flops"]["total"] > 0 and record["git"]["commit"]
     assert record["errors"]["src_dask_threads"]["rel_error"] < 0.5
+    assert record["errors"]["dense_check"]["src_dask_threads"] == pytest.approx(
+        record["errors"]["src_dask_threads"]["rel_error"], rel=1e-6)
 
 
-def test_bench_mpo_mps_quick(tmp_path):
+def test_bench_mpo_mps_quick(tmp_path, capsys):
     out = tmp_path / "mpo_mps.json"
-    stdout = _run("bench_mpo_mps.py", "--out", str(out))
+    _, stdout = _main("bench_mpo_mps", "--out", str(out), capsys=capsys)
     record = json.loads(out.read_text())
     assert set(record["results"]) == {"16", "32"}
+    assert FLOP_LEGEND in stdout and record["flop_convention"].startswith("complex")
     for res in record["results"].values():
         runs = res["runs"]
         # each compared pair back to back, zipup last
@@ -46,33 +92,52 @@ def test_bench_mpo_mps_quick(tmp_path):
     assert ("wrote" in stdout and out.with_suffix(".png").exists()) or "no plot" in stdout
 
 
-def test_bench_stack_quick(tmp_path):
-    out = tmp_path / "stack.json"
-    _run("bench_stack.py", "--workdir", str(tmp_path / "work"), "--out", str(out))
+def test_bench_stack_quick(tmp_path, capsys):
+    """Environments in the cluster on 1 and 2 workers (the same cores: the sketch depends
+    on the seed alone), then a run store on 1 worker added by a second run with
+    ``--merge``, which reuses the inputs and keeps the first run's quimb timing."""
+    out, work = tmp_path / "stack.json", str(tmp_path / "work")
+    _, stdout = _main("bench_stack", "--workdir", work, "--out", str(out), "--workers", "1",
+                      "2", "--modes", "memory", capsys=capsys)
+    first = json.loads(out.read_text())
+    assert first["flops"]["total"] > 0 and first["quimb"]["best_s"] > 0
+    assert FLOP_LEGEND in stdout and not first["generation"]["reused"]
+    _main("bench_stack", "--workdir", work, "--out", str(out), "--workers", "1", "--modes",
+          "store", "--quimb", "no", "--merge", capsys=capsys)
     record = json.loads(out.read_text())
-    assert record["flops"]["total"] > 0 and record["quimb"]["best_s"] > 0
-    assert list(record["runs"]) == ["w1_memory", "w1_store", "w2_memory", "w2_store"]
+    assert record["generation"]["reused"] and record["quimb"] == first["quimb"]
+    assert list(record["runs"]) == ["w1_memory", "w2_memory", "w1_store"]
     for e in record["runs"].values():
         assert e["best_s"] > 0 and e["ratio_to_quimb"] > 0
         assert e["spilled"]["total_bytes"] == 0
-        assert e["core_diff_vs_first"] < 1e-10  # the sketch depends on the seed alone
+        assert e["core_diff_vs_first"] < 1e-10
+    assert record["runs"]["w1_store"]["store"] and record["runs"]["w2_memory"]["workers"] == 2
     assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
 
 
-def test_bench_transfer_best_picks_the_fastest_link(tmp_path):
-    """``bench_transfer.py --best`` (which the 2-GPU runs of gpu_issue5.sh use) names the
+def test_bench_overhead_quick(tmp_path, capsys):
+    out = tmp_path / "overhead.json"
+    _, stdout = _main("bench_overhead", "--out", str(out), capsys=capsys)
+    record = json.loads(out.read_text())
+    assert set(record["results"]) == {"sync", "threads", "client_inprocess_1x2"}
+    for r in record["results"].values():
+        assert len(r["times_s"]) == 2 and 0 < r["best_s"] == min(r["times_s"])
+    assert "client_inprocess_1x2" in stdout
+
+
+def test_bench_transfer_best_picks_the_fastest_link(tmp_path, capsys):
+    """``bench_transfer.py --best`` (which gpu_run.sh's 2-GPU part uses) names the
     fastest protocol and allocator, and falls back to tcp/async without a record."""
     record = tmp_path / "transfer.json"
     record.write_text(json.dumps({"runs": [
         {"protocol": "tcp", "rmm": "async", "best_GBps": 1.0},
         {"protocol": "ucx", "rmm": "pool", "best_GBps": 40.0},
         {"protocol": "ucx", "rmm": "async", "error": "RuntimeError()"}]}))
+    bench_transfer = importlib.import_module("bench_transfer")
 
     def best(path: Path) -> str:
-        done = subprocess.run([sys.executable, str(BENCH / "bench_transfer.py"), "--best",
-                               str(path)], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout.strip()
+        bench_transfer.main(["--best", str(path)])
+        return capsys.readouterr().out.strip()
 
     assert best(record) == "ucx pool"
     assert best(tmp_path / "missing.json") == "tcp async"
@@ -84,11 +149,8 @@ def test_plot_stack_draws_the_recorded_runs(tmp_path):
     PNG where matplotlib is installed."""
     import importlib.util
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import plot_stack
-    finally:
-        sys.path.remove(str(BENCH))
+    plot_stack = importlib.import_module("plot_stack")
+    assert plot_stack.TARGET_S == {(1000, 500): 22.0, (2000, 1000): 175.0}
     paths = sorted((BENCH / "results").glob("stack_gpu_dm*.json"))
     records = [json.loads(p.read_text()) for p in paths]
     groups = plot_stack.bars(records)
@@ -106,17 +168,5 @@ def test_plot_stack_draws_the_recorded_runs(tmp_path):
     if importlib.util.find_spec("matplotlib") is None:
         return
     out = tmp_path / "stack.png"
-    done = subprocess.run([sys.executable, str(BENCH / "plot_stack.py"), *map(str, paths),
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    plot_stack.main([*map(str, paths), "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_bench_overhead_quick(tmp_path):
-    out = tmp_path / "overhead.json"
-    stdout = _run("bench_overhead.py", "--out", str(out))
-    record = json.loads(out.read_text())
-    assert set(record["results"]) == {"sync", "threads", "client_inprocess_1x2"}
-    for r in record["results"].values():
-        assert len(r["times_s"]) == 2 and 0 < r["best_s"] == min(r["times_s"])
-    assert "client_inprocess_1x2" in stdout

@@ -1,0 +1,206 @@
+"""Dask clusters for the benchmarks: their options, how they start, and what their
+workers did (CPU seconds, bytes spilled).
+
+On a GPU, ``src_dask.cluster(gpus=n)`` (a LocalCUDACluster, one worker per GPU);
+more workers than GPUs are ``dask cuda worker`` processes sharing the first GPU
+(LocalCUDACluster cannot do that); on a CPU, ``src_dask.cluster(n_workers=n)``
+(a LocalCluster, one thread per worker). Nothing starts a cluster on import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from device import Device
+
+HERE = Path(__file__).resolve().parent
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The command-line options of :func:`bench_cluster`."""
+    p.add_argument("--device-memory-limit", default="0.8",
+                   help="per GPU worker before spilling to host (src_dask.cluster)")
+    p.add_argument("--memory-limit", default="auto",
+                   help="host memory per worker before spilling to disk")
+    p.add_argument("--protocol", choices=("tcp", "ucx"), default="tcp",
+                   help="between GPU workers (ucx: NVLink/CUDA IPC, needs distributed-ucxx)")
+    p.add_argument("--rmm", choices=("async", "pool"), default="async",
+                   help="GPU allocator: RMM's async pool (src_dask.cluster's default) or a "
+                        "classic RMM pool (CUDA IPC between GPUs over UCX maps it once)")
+    p.add_argument("--threads-per-worker", type=int, default=None,
+                   help="threads of each GPU worker (default: src_dask.cluster's, 4)")
+
+
+def host_memory() -> int:
+    """Bytes of RAM of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def rmm_options(rmm: str) -> dict[str, Any]:
+    """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (its default,
+    stream-ordered pool) or ``"pool"`` (a classic RMM pool grown as needed, which
+    CUDA IPC between GPUs over UCX maps once)."""
+    return {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
+
+
+def _fraction(limit: str) -> float | None:
+    try:
+        value = float(limit)
+    except ValueError:
+        return None
+    return value if 0 < value <= 1 else None
+
+
+@contextlib.contextmanager
+def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory: Path):
+    """``n_workers`` ``dask cuda worker`` processes sharing the first GPU, each with
+    its share of the device and host memory limits; yields a client."""
+    from distributed import Client, LocalCluster
+
+    device_limit = args.device_memory_limit
+    if (f := _fraction(device_limit)) is not None:
+        device_limit = str(f / n_workers)
+    memory_limit = args.memory_limit
+    if memory_limit == "auto":
+        memory_limit = str(host_memory() // n_workers)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible,  # the workers import these modules
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "dask", "cuda", "worker", "--device-memory-limit",
+               device_limit, "--memory-limit", memory_limit]
+    with contextlib.suppress(ImportError):
+        import rmm  # noqa: F401 - as src_dask.cluster: RMM's async allocator when installed
+
+        command.append("--rmm-async")
+    procs = []
+    with LocalCluster(n_workers=0, dashboard_address=":0") as scheduler:
+        try:
+            for i in range(n_workers):
+                procs.append(subprocess.Popen(
+                    [*command, "--local-directory", str(local_directory / f"w{i}"),
+                     scheduler.scheduler_address], env=env))
+            with Client(scheduler) as client:
+                client.wait_for_workers(n_workers, timeout=300)
+                yield client
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+@contextlib.contextmanager
+def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace, workdir: Path):
+    """A client of ``n_workers`` workers on ``device`` (options of :func:`add_options`);
+    yields (client, description)."""
+    from distributed import Client, LocalCluster
+
+    import src_dask
+
+    local = workdir / "dask"
+    if device.is_gpu and n_workers > device.gpus:
+        with shared_gpu_workers(n_workers, args, local) as client:
+            yield client, f"{n_workers} dask cuda worker processes sharing one GPU"
+        return
+    if device.is_gpu:
+        options = rmm_options(args.rmm)
+        if args.threads_per_worker:
+            options["threads_per_worker"] = args.threads_per_worker
+        cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
+                                   memory_limit=args.memory_limit, protocol=args.protocol,
+                                   local_directory=str(local), dashboard_address=":0", **options)
+        what = (f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}, "
+                f"rmm={args.rmm!r}, threads_per_worker={args.threads_per_worker or 4}): "
+                "LocalCUDACluster")
+    elif device.gpus:  # --device cpu on a GPU machine: src_dask.cluster would use the GPUs
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                               memory_limit=args.memory_limit, local_directory=str(local),
+                               dashboard_address=":0")
+        what = f"LocalCluster({n_workers} workers x 1 thread)"
+    else:
+        cluster = src_dask.cluster(n_workers=n_workers, memory_limit=args.memory_limit,
+                                   local_directory=str(local), dashboard_address=":0")
+        what = f"src_dask.cluster(n_workers={n_workers}): LocalCluster, 1 thread each"
+    with cluster, Client(cluster) as client:
+        yield client, what
+
+
+def cluster_cpu(client) -> Callable[[], float]:
+    """``own_cpu`` for :func:`timing.best_of` on a cluster: CPU seconds of this process
+    and of every worker process."""
+    def own() -> float:
+        return time.process_time() + sum(client.run(time.process_time).values())
+
+    return own
+
+
+# -- spilling in Dask workers ---------------------------------------------------------
+def _worker_spill_counters(dask_worker) -> dict[str, Any]:
+    """Cumulative bytes this worker has spilled so far (run on the worker by ``client.run``).
+
+    distributed's ``SpillBuffer`` (a CPU worker with a memory limit) keeps
+    ``cumulative_metrics``; dask-cuda's ``DeviceHostFile`` does not, so on its
+    zict buffers (``device_buffer``: device -> host, ``host_buffer``: host ->
+    disk) a callback is installed on first call that adds up what they evict.
+    Anything else (no memory limit: a plain dict) reports no spilling.
+    """
+    data = dask_worker.data
+    out: dict[str, Any] = {"data": type(data).__name__}
+    metrics = getattr(data, "cumulative_metrics", None)
+    if metrics is not None:
+        out["host_to_disk"] = float(metrics.get(("disk-write", "bytes"), 0.0))
+        out["disk_to_host"] = float(metrics.get(("disk-read", "bytes"), 0.0))
+        return out
+    counters = getattr(dask_worker, "_bench_spill_counters", None)
+    if counters is None:
+        counters = {}
+        for attr, label in (("device_buffer", "device_to_host"), ("host_buffer", "host_to_disk")):
+            buf = getattr(data, attr, None)
+            if buf is None or not hasattr(buf, "fast_to_slow_callbacks"):
+                continue
+            counters[label] = 0.0
+
+            def add(key, value, *, label=label, weight=buf.weight):
+                counters[label] += float(weight(key, value))
+
+            buf.fast_to_slow_callbacks.append(add)
+        dask_worker._bench_spill_counters = counters
+    out.update(counters)
+    if not counters:
+        out["note"] = "no spill buffer with counters on this worker"
+    return out
+
+
+def spill_counters(client) -> dict[str, dict[str, Any]]:
+    """Every worker's cumulative spill counters (see :func:`_worker_spill_counters`)."""
+    return client.run(_worker_spill_counters)
+
+
+#: The counters that count bytes leaving a tier (unspilling, disk -> host, is not spilling).
+SPILL_OUT = ("device_to_host", "host_to_disk")
+
+
+def spilled_between(before: dict[str, dict[str, Any]],
+                    after: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Bytes moved per direction, summed over workers, between two counter readings;
+    ``total_bytes`` counts only spilling (device -> host, host -> disk)."""
+    total: dict[str, float] = {}
+    for worker, now in after.items():
+        then = before.get(worker, {})
+        for key, value in now.items():
+            if isinstance(value, float):
+                total[key] = total.get(key, 0.0) + value - then.get(key, 0.0)
+    out = {key: total[key] for key in SPILL_OUT if key in total}
+    return {"bytes": total, "total_bytes": sum(out.values()) if out else 0.0,
+            "worker_data": sorted({v["data"] for v in after.values()})}

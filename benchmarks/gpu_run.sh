@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU check, run from the repo root on the GPU machine: the tests marked gpu, then
+# the benchmarks, then a short table of what ran and the benchmarks' own tables. Logs,
+# JSON records and PNGs go to $OUT (default /tmp/gpu-run); $OUT/progress.txt says which
+# part runs, so a long run can be started detached (setsid bash benchmarks/gpu_run.sh &)
+# and polled. Bring it all back in one file: tar czf /tmp/gpu-run.tgz -C "$OUT" .
+#
+# PART lists the parts, run in order (default "tests reference"):
+#   tests      pytest -m gpu tests/test_gpu.py (about 2 minutes)
+#   reference  gpu_reference.py: MPO·MPS at chi=$CHI (default 1000), GPU against CPU
+#   mpo        bench_mpo_mps.py: chi 200 500 1000 with every method, then chi 2000 merged
+#              into the same record (the slow methods run once there); about 12 minutes
+#   mpo1000    bench_mpo_mps.py at chi=1000 only, quimb src against src_dask (1 minute)
+#   overhead   bench_overhead.py: what a call costs besides its GEMMs (about 1 minute)
+#   stack1     bench_stack.py on 1 GPU: D_M=1000/chi_out=500 (defaults, then the inputs
+#              read in each pass), D_M=2000/chi_out=1000 (spills; too large for quimb),
+#              then stackq; ~60 GB of disk for the inputs (use nvidia-h200-x2)
+#   stackq     bench_stack.py D_M=1000/chi_out=500 on 1 GPU with quimb's src in the same run
+#   stack2     bench_transfer.py (LINK="tcp async" skips it), then both stack sizes on 2
+#              GPUs over the fastest link; needs the UCX wheels and stack1's inputs
+#   kernels    profile_kernels.py: one site's kernels against their FLOP floor
+# mpo, mpo1000, stackq and stack1 need quimb. Wheels: ../shared/tools/device-wheels
+# --ucx --quimb, carried in .whl/ (installed by .whl/install.sh when present).
+# Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS.
+set -uo pipefail
+parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels"
+for part in ${PART:-tests reference}; do
+    case " $parts " in
+    *" $part "*) ;;
+    *) echo "PART entries must be among: $parts" >&2; exit 2 ;;
+    esac
+done
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-run}
+mkdir -p "$OUT"
+[ -f .whl/install.sh ] && bash .whl/install.sh >"$OUT/install.log" 2>&1
+export PYTHONPATH=/tmp/site:$PWD/src
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/device.txt"
+failed=0
+
+step() { echo "$(date -u +%FT%TZ) $*" >>"$OUT/progress.txt"; }
+# run NAME LOG COMMAND...: one step, its rc and seconds in progress.txt and summary.txt
+run() {
+    local name=$1 log=$2 start=$SECONDS rc
+    shift 2
+    step "$name"
+    "$@" >>"$OUT/$log" 2>&1
+    rc=$?
+    step "$name rc=$rc"
+    [ "$rc" = 0 ] || failed=1
+    printf '%-16s %4s %8s  %s\n' "$name" "$rc" "$((SECONDS - start))" "$log" >>"$OUT/summary.txt"
+}
+
+part_tests() {
+    run tests gpu_tests.log env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -v \
+        -p no:cacheprovider tests/test_gpu.py ${PYTEST_ARGS:-}
+}
+
+part_reference() {
+    run reference gpu_reference.log python3 benchmarks/gpu_reference.py --chi "${CHI:-1000}" \
+        --out "$OUT/gpu_reference_chi${CHI:-1000}.json"
+}
+
+part_mpo() {
+    run "mpo 200-1000" bench_mpo_mps.log env CUDA_VISIBLE_DEVICES=0 python3 \
+        benchmarks/bench_mpo_mps.py --chi 200 500 1000 --repeats 3 --budget-s 40 \
+        --error-max-chi 500 --out "$OUT" ${MPO_ARGS:-}
+    # chi=2000 merged into the same record: the slow methods (minutes a call) run once
+    run "mpo 2000" bench_mpo_mps.log env CUDA_VISIBLE_DEVICES=0 python3 \
+        benchmarks/bench_mpo_mps.py --chi 2000 --repeats 3 --budget-s 40 --error-max-chi 0 \
+        --out "$OUT" --merge ${MPO_ARGS:-}
+}
+
+part_mpo1000() {
+    run "mpo 1000" bench_mpo_mps.log env CUDA_VISIBLE_DEVICES=0 python3 \
+        benchmarks/bench_mpo_mps.py --chi 1000 --repeats 3 --no-zipup --no-quimb-oversample \
+        --no-oversample --error-max-chi 0 --out "$OUT" ${MPO_ARGS:-}
+}
+
+part_overhead() {
+    run overhead bench_overhead.log env CUDA_VISIBLE_DEVICES=0 python3 \
+        benchmarks/bench_overhead.py --out "$OUT/overhead_gpu.json"
+}
+
+part_kernels() {
+    run kernels profile_kernels.log env CUDA_VISIBLE_DEVICES=0 python3 \
+        benchmarks/profile_kernels.py --out "$OUT/gpu_kernels.json"
+}
+
+stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one record
+    local name=$1 dm=$2 chi=$3
+    shift 3
+    run "stack $name" "bench_stack_dm$dm.log" timeout 420 python3 benchmarks/bench_stack.py \
+        --dm "$dm" --chi-out "$chi" --modes memory --quimb no --workdir "/tmp/sb$dm" \
+        --out "$OUT/stack_gpu_$name.json" ${STACK_ARGS:-} "$@"
+}
+
+part_stackq() {  # quimb's src on the stack (CuPy arrays, in this process), then ours
+    stack dm1000_quimb 1000 500 --workers 1 --quimb auto
+}
+
+part_stack1() {  # one GPU, src_dask's defaults (inputs kept when they fit) and variants
+    stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
+    stack dm1000_reread 1000 500 --workers 1 --keep-inputs no
+    stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
+    part_stackq
+}
+
+part_stack2() {  # two GPUs over the fastest link (inputs from stack1 reused)
+    if [ -z "${LINK:-}" ]; then
+        run transfer bench_transfer.log timeout 180 python3 benchmarks/bench_transfer.py \
+            --protocol tcp ucx --rmm async pool --out "$OUT"
+        LINK=$(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
+    fi
+    local proto rmm
+    read -r proto rmm <<<"${LINK:-tcp async}"
+    step "2-GPU runs: $proto, RMM $rmm"
+    stack dm1000_w2 1000 500 --workers 2 --protocol "$proto" --rmm "$rmm"
+    stack dm2000_w2 2000 1000 --workers 2 --protocol "$proto" --rmm "$rmm" --no-compare
+}
+
+for part in ${PART:-tests reference}; do
+    "part_$part"
+done
+step done
+
+echo "== $(date -u +%FT%TZ) on $(cat "$OUT/device.txt")"
+printf '%-16s %4s %8s  %s\n' part rc seconds log
+cat "$OUT/summary.txt"
+[ -f "$OUT/gpu_tests.log" ] && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
+for log in gpu_reference bench_mpo_mps bench_overhead bench_stack_dm1000 bench_stack_dm2000 \
+    bench_transfer profile_kernels; do
+    [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -20 "$OUT/$log.log"; }
+done
+exit $failed

@@ -1,0 +1,129 @@
+# ruff: noqa: T201
+"""The runs of bench_stack.py: src_dask on a fresh cluster per configuration (workers,
+mode), and quimb's src on the whole stack in this process."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from typing import Any
+
+import clusters
+from device import Device
+from flops import rates
+from memory import PeakMemory
+from methods import quimb_stack_fits, run_quimb_stack
+from problems import tiny_stack
+from timing import best_of, task_profile
+
+
+class _KeptInputs(logging.Handler):
+    """What src_dask decided about keeping the inputs for pass 2 (from its log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.decision: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "lazy inputs" in message:
+            self.decision = message.removeprefix("src: ")
+
+    def __enter__(self) -> _KeptInputs:
+        log = logging.getLogger("src_dask")
+        self.level_before = log.level
+        log.setLevel(logging.INFO)
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        log = logging.getLogger("src_dask")
+        log.removeHandler(self)
+        log.setLevel(self.level_before)
+
+
+def _report_path(args, client, n_workers: int, mode: str) -> str | None:
+    """Where Dask's performance report of the (last) timed call goes, if anywhere."""
+    from src_dask._progress import has_bokeh
+
+    if args.report is None:
+        return None
+    if client.run_on_scheduler(has_bokeh):
+        return str(args.report.with_name(f"{args.report.stem}_w{n_workers}_{mode}.html"))
+    warnings.warn("--report: no bokeh on the scheduler, so no performance report "
+                  "(the UCX wheel set leaves bokeh out)", stacklevel=1)
+    return None
+
+
+def run_config(trains, n_workers: int, mode: str, args, device: Device,
+               keep: bool) -> tuple[dict[str, Any], Any]:
+    """Start a cluster, warm it up, time ``src_dask.src`` on the stack, read its spilling.
+
+    Returns the JSON entry and, with ``keep``, the result with NumPy cores (else None).
+    """
+    import dask
+    from distributed import get_task_stream
+
+    import src_dask
+
+    store = args.workdir / f"store_w{n_workers}" if mode == "store" else None
+
+    def remove_store() -> None:
+        if store is not None and store.exists():
+            shutil.rmtree(store)
+
+    keep_inputs = {"auto": "auto", "yes": True, "no": False}[args.keep_inputs]
+    t0 = time.perf_counter()
+    with dask.config.set({"src_dask.device": device.name, "src_dask.keep-inputs": keep_inputs}), \
+            _KeptInputs() as kept, \
+            clusters.bench_cluster(n_workers, device, args, args.workdir) as (client, what):
+        startup = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        src_dask.src(*tiny_stack(args.phys), chi_out=4, seed=0, client=client)
+        warm = time.perf_counter() - t0
+        report = _report_path(args, client, n_workers, mode)
+
+        def run():
+            return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
+                                client=client, store=store, performance_report=report)
+
+        before = clusters.spill_counters(client)
+        with PeakMemory(device) as memory, get_task_stream(client=client) as stream:
+            timing, result = best_of(run, args.repeats, own_cpu=clusters.cluster_cpu(client),
+                                     setup=remove_store, warmup=args.full_warmup)
+        spilled = clusters.spilled_between(before, clusters.spill_counters(client))
+        # where the time went (summed over the timed calls; one by default)
+        profile = task_profile(stream.data, busy=memory.busy_between)
+        # a stored result's cores are read from the store, which goes next
+        result = src_dask.TensorTrain(result.to_numpy(), result.kind) if keep else None
+    remove_store()
+    return {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
+            "keep_inputs": {"option": args.keep_inputs, "decision": kept.decision}, **timing,
+            "memory": memory.result(), "spilled": spilled,
+            "calls": len(timing["times_s"]) + ("warmup_s" in timing), "profile": profile,
+            "cluster_startup_s": startup, "tiny_warmup_s": warm}, result
+
+
+def time_quimb(record: dict[str, Any], earlier: dict[str, Any], trains, args, device: Device,
+               envs: int, gemm: dict[str, Any]) -> dict[str, Any]:
+    """quimb's entry: timed here (``--quimb``), kept from ``--merge``, or why not."""
+    fits, why = quimb_stack_fits(record["problem"], envs, device, clusters.host_memory())
+    if args.quimb == "yes" or (args.quimb == "auto" and fits):
+        try:
+            entry = run_quimb_stack(trains, args.chi_out, args.phys, args.seed, args.repeats,
+                                    device)
+        except MemoryError as err:  # CuPy's OutOfMemoryError is one
+            device.free_pool()
+            print(f"quimb src on the stack: {type(err).__name__}: {err}")
+            return {"failed": f"{type(err).__name__}: {err}"}
+        print(f"quimb src on the stack: {entry['best_s']:.3f} s", flush=True)
+        total = record["flops"]["total"]
+        return {"date": record["date"], **entry, "flops": total,
+                **rates(total, entry["best_s"], gemm)}
+    if "best_s" in earlier.get("quimb", {}):  # --merge: the peer timed by an earlier run
+        print(f"quimb src on the stack: {earlier['quimb']['best_s']:.3f} s "
+              f"(from the run of {earlier['quimb']['date']})")
+        return earlier["quimb"]
+    return {"skipped": f"--quimb {args.quimb}: {why}"}
