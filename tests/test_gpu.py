@@ -1,5 +1,5 @@
 """On the GPU (CuPy blocks through dask-cuda). Marked ``gpu``: run on the GPU machine
-with ``pytest -m gpu`` (see benchmarks/gpu_check.sh); skipped elsewhere."""
+with ``pytest -m gpu`` (see benchmarks/gpu_run.sh); skipped elsewhere."""
 
 from __future__ import annotations
 
