@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dask
 import pytest
-from conftest import dense_product, random_mpo, random_mps, rel_err
 from distributed import Client, LocalCluster
+from helpers import dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _cluster as C

@@ -184,6 +184,140 @@ def _record(path: str, key: str, value: dict) -> None:
     zarr.open_group(path, mode="r+").attrs[key] = json.loads(json.dumps(value))
 
 
+# -- local clusters ------------------------------------------------------------------
+def _quiet_worker(dask_worker: Any = None) -> None:
+    """Run on each worker after a Ctrl-C: its loggers quiet while it is closed."""
+    import logging
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("distributed", "tornado", "asyncio"):
+            logging.getLogger(name).disabled = True
+
+
+@contextlib.contextmanager
+def _sigint_quiets(quiet: contextlib.ExitStack) -> Iterator[None]:
+    """While the block runs, a SIGINT first silences Dask's logs (into ``quiet``),
+    then raises KeyboardInterrupt as usual: Dask's threads log what the interrupt
+    undoes (cancelled gathers, lost tasks) from the moment it arrives. Where Python
+    drops the KeyboardInterrupt (raised in a gc callback or a ``__del__``, it is
+    only reported as "Exception ignored"), SIGINT is sent again, so the run stops
+    all the same, without that report."""
+    import signal
+    import threading
+
+    from ._cluster import quiet_logs
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    quieted: list[bool] = []
+    report = sys.unraisablehook
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if not quieted:
+            quieted.append(True)
+            quiet.enter_context(quiet_logs())
+        raise KeyboardInterrupt
+
+    def dropped(unraisable: Any) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # again, until it gets through
+            return
+        report(unraisable)
+
+    signal.signal(signal.SIGINT, interrupt)
+    sys.unraisablehook = dropped
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = report
+
+
+@contextlib.contextmanager
+def _local_client(start: Callable[[], Any]) -> Iterator[Any]:
+    """A ``distributed.Client`` on the local cluster that ``start()`` returns
+    (``_cluster.start_local``: loopback by default, a private spill directory,
+    worker processes that do not take SIGINT). A Ctrl-C silences Dask's logs
+    until the cluster is closed, so the interrupt shows as one line (``main``); a
+    Ctrl-C while the cluster closes waits for the close (then interrupts); the
+    spill directory is removed with the cluster."""
+    from distributed import Client
+
+    from ._cluster import quiet_logs, sigint_deferred
+
+    local = start()
+    client = None
+    quiet = contextlib.ExitStack()
+    came_while_closing = False
+    try:
+        with quiet:
+            try:
+                with _sigint_quiets(quiet):
+                    client = Client(local)
+                    yield client
+            except KeyboardInterrupt:
+                quiet.enter_context(quiet_logs())
+                with contextlib.suppress(Exception):
+                    client.run(_quiet_worker)  # type: ignore[union-attr]
+                raise
+            finally:
+                with sigint_deferred() as came:
+                    if client is not None:
+                        client.close()
+                    local.close()
+                came_while_closing = came()
+    finally:
+        remove = getattr(local, "_src_dask_spill", None)
+        if remove is not None:
+            remove()
+    if came_while_closing:
+        raise KeyboardInterrupt
+
+
+def _security(args: argparse.Namespace) -> Any:
+    """The ``distributed.Security`` of ``--tls-ca-file/--tls-cert/--tls-key`` (TLS
+    required, the one certificate for client, scheduler and workers), or None when
+    they are not given: then Dask config (``distributed.comm.tls``) decides."""
+    files = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
+             "--tls-key": args.tls_key}
+    if not any(files.values()):
+        return None
+    if not all(files.values()):
+        missing = ", ".join(k for k, v in files.items() if not v)
+        args.parser.error(f"--tls-ca-file, --tls-cert and --tls-key go together (missing "
+                          f"{missing})")
+    if not (args.scheduler_file or args.workers or args.gpus):
+        args.parser.error("--tls-*: TLS is for a cluster; add --scheduler-file FILE, "
+                          "--workers N or --gpus N")
+    for option, path in files.items():
+        if not os.path.isfile(path):
+            raise CLIError(f"{option} {path}: no such file")
+    from distributed import Security
+
+    ca, cert, key = files.values()
+    return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key,
+                    tls_scheduler_cert=cert, tls_scheduler_key=key, tls_worker_cert=cert,
+                    tls_worker_key=key, require_encryption=True)
+
+
+def _check_tls(scheduler_file: str, security: Any) -> None:
+    """A scheduler that takes TLS only, and no certificate to connect with: say so
+    (Dask's own error speaks of an ``ssl_context``)."""
+    from distributed import Security
+
+    try:
+        with open(scheduler_file) as f:
+            address = str(json.load(f).get("address", ""))
+    except (OSError, ValueError, AttributeError):
+        return  # not ours to judge: Client reports it
+    if address.startswith("tls://") and not (security or Security()).tls_client_cert:
+        raise CLIError(f"{scheduler_file}: the scheduler at {address} takes TLS connections "
+                       "only; pass --tls-ca-file, --tls-cert and --tls-key (or set "
+                       "distributed.comm.tls in Dask config)")
+
+
 # -- demo ------------------------------------------------------------------------------
 def _random_train(kind: str, n: int, bond: int, phys: int, rng: np.random.Generator,
                   decay: float) -> list[np.ndarray]:
@@ -203,17 +337,22 @@ def _random_train(kind: str, n: int, bond: int, phys: int, rng: np.random.Genera
 
 def demo(args: argparse.Namespace) -> int:
     """MPO·MPS on a local cluster; the error against the exact product and the time."""
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
 
     import src_dask
+    from src_dask._cluster import address, start_local
     from src_dask.trains import TensorTrain, exact_product
 
     rng = np.random.default_rng(args.seed)
     mpo = TensorTrain(_random_train("mpo", args.sites, args.mpo_bond, 2, rng, 0.5))
     mps = TensorTrain(_random_train("mps", args.sites, args.bond, 2, rng, 0.9))
     exact = exact_product(mpo, mps)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+
+    def start() -> Any:
+        return start_local(LocalCluster, n_workers=args.workers, threads_per_worker=1,
+                           host=args.host, dashboard_address=address(args.host, 0))
+
+    with _local_client(start) as client:
         out = sys.stdout
         out.write(f"dashboard: {client.dashboard_link}\n")
         out.write(f"problem:   MPO (bond {args.mpo_bond}) · MPS (bond {args.bond}), "
@@ -314,6 +453,29 @@ def generate(args: argparse.Namespace) -> int:
 
 
 # -- run ------------------------------------------------------------------------------------
+def _stack_factors(path: str) -> list[tuple[str, str]]:
+    """The factors of the stack at ``path``, as (name, path) pairs, leftmost first.
+    Each must be a folder inside the stack's own (after symlinks: ``realpath``):
+    a crafted ``factors`` attribute (``../elsewhere.zarr``, an absolute path, a
+    symlink out) would make ``run`` and ``info`` read whatever it names."""
+    from .errors import StoreError
+
+    factors = (_attrs(path) or {}).get("factors")
+    if not isinstance(factors, list) or not factors or \
+            not all(isinstance(f, str) and f for f in factors):
+        raise StoreError(f"{path}: stack attribute 'factors' is not a list of names "
+                         f"(got {factors!r})")
+    root = os.path.realpath(path)
+    out = []
+    for name in factors:
+        where = os.path.realpath(os.path.join(path, name))
+        if where == root or os.path.commonpath([root, where]) != root:
+            raise StoreError(f"{path}: stack factor {name!r} is outside the stack folder "
+                             f"(it resolves to {where}); refusing to read it")
+        out.append((name, os.path.join(path, name)))
+    return out
+
+
 def _open_inputs(paths: Sequence[str]) -> list[Any]:
     """The saved trains at ``paths``, leftmost factor first; a stack expands to its factors."""
     import src_dask
@@ -324,8 +486,7 @@ def _open_inputs(paths: Sequence[str]) -> list[Any]:
             raise CLIError(f"{path}: no such file or directory")
         fmt = _format(path)
         if fmt == STACK_FORMAT:
-            factors = _attrs(path)["factors"]  # type: ignore[index]
-            trains += [src_dask.open(os.path.join(path, name)) for name in factors]
+            trains += [src_dask.open(where) for _name, where in _stack_factors(path)]
         elif fmt == TRAIN_FORMAT:
             trains.append(src_dask.open(path))
         elif fmt == RUN_FORMAT:
@@ -346,28 +507,32 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
 
         if not os.path.isfile(args.scheduler_file):
             raise CLIError(f"{args.scheduler_file}: no such scheduler file")
-        with Client(scheduler_file=args.scheduler_file) as client:
+        _check_tls(args.scheduler_file, args.security)
+        with Client(scheduler_file=args.scheduler_file, security=args.security) as client:
             _err(f"connected to {client.scheduler.address} "
                  f"({len(client.scheduler_info()['workers'])} workers)")
             yield client
         return
     if args.gpus is not None or args.workers is not None:
-        from distributed import Client, LocalCluster
+        from distributed import LocalCluster
 
-        from ._cluster import cluster, has_gpu
+        from ._cluster import address, cluster, has_gpu, start_local
 
         options: dict[str, Any] = {"memory_limit": args.memory_limit,
                                    "local_directory": args.local_directory,
-                                   "dashboard_address": ":0"}
-        if args.gpus is not None:
-            if not has_gpu():
-                raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
-                               "--workers N for a CPU cluster")
-            local = cluster(gpus=args.gpus, **options)
-        else:
-            local = LocalCluster(n_workers=args.workers, threads_per_worker=args.threads,
-                                 **options)
-        with local, Client(local) as client:
+                                   "host": args.host, "security": args.security,
+                                   "dashboard_address": address(args.host, 0)}
+        if args.gpus is not None and not has_gpu():
+            raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
+                           "--workers N for a CPU cluster")
+
+        def start() -> Any:
+            if args.gpus is not None:
+                return cluster(gpus=args.gpus, **options)
+            return start_local(LocalCluster, n_workers=args.workers,
+                               threads_per_worker=args.threads, **options)
+
+        with _local_client(start) as client:
             _err(f"dashboard: {client.dashboard_link}")
             yield client
         return
@@ -407,6 +572,7 @@ def run(args: argparse.Namespace) -> int:
     """SRC on saved trains; the result written to ``args.out`` (atomically)."""
     import src_dask
 
+    args.security = _security(args)  # usage errors first
     out = os.path.abspath(args.out)
     _check_replaceable(out, args.overwrite)  # before any work
     if args.store is not None and os.path.abspath(args.store) == out:
@@ -578,8 +744,9 @@ def info(args: argparse.Namespace) -> int:
         data = _train_info(path)
         lines = [f"{path}: src_dask train"] + _train_lines(data)
     elif fmt == STACK_FORMAT:
-        factors = _attrs(path)["factors"]  # type: ignore[index]
-        parts = {name: _train_info(os.path.join(path, name)) for name in factors}
+        stack = _stack_factors(path)
+        factors = [name for name, _where in stack]
+        parts = {name: _train_info(where) for name, where in stack}
         data = {"path": path, "what": "stack", "factors": parts}
         lines = [f"{path}: src_dask stack {'·'.join(factors)} ('src-dask run' takes it as "
                  f"{len(factors)} factors, in this order)"]
@@ -630,6 +797,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="worker processes of the local cluster (default 2)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed (default 0)")
     p.add_argument("--wait", action="store_true", help="keep the dashboard up until Enter")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="address the cluster and its dashboard listen on (default 127.0.0.1: "
+                   "this machine only; 0.0.0.0 opens them to the network)")
     p.set_defaults(func=demo)
 
     p = sub.add_parser(
@@ -735,8 +905,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="--gpus/--workers: host memory per worker before spilling to disk "
                    "(default auto)")
     p.add_argument("--local-directory", metavar="DIR",
-                   help="--gpus/--workers: where workers spill to disk")
-    p.set_defaults(func=run)
+                   help="--gpus/--workers: under which folder workers spill to disk (in a "
+                   "fresh subfolder only you can enter; default: the temporary directory)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="--gpus/--workers: address the scheduler, workers and dashboard "
+                   "listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens them to "
+                   "the network: add TLS)")
+    tls = p.add_argument_group(
+        "TLS", "Encrypt and authenticate the connections to the scheduler and between "
+        "workers (--scheduler-file: the cluster's certificates; --gpus/--workers: the local "
+        "cluster uses them). Give all three; without them, Dask config "
+        "(distributed.comm.tls) decides.")
+    tls.add_argument("--tls-ca-file", metavar="PEM", help="the certificate authority's "
+                     "certificate")
+    tls.add_argument("--tls-cert", metavar="PEM", help="this side's certificate (signed by "
+                     "the CA)")
+    tls.add_argument("--tls-key", metavar="PEM", help="its private key")
+    p.set_defaults(func=run, parser=p)
 
     p = sub.add_parser("info", parents=[common], formatter_class=fmt,
                        help="describe a saved train, a stack or a run store",
@@ -752,15 +937,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _forget(err: BaseException) -> None:
+    """Free what an interrupt left (the frames of its traceback and what they held)
+    with Dask's and asyncio's logs quiet: a Dask client's tasks freed with them
+    would otherwise log "Task exception was never retrieved" after the one line
+    that says the run was interrupted."""
+    quiet: Any = contextlib.nullcontext()
+    if "distributed" in sys.modules:
+        from ._cluster import quiet_logs
+
+        quiet = quiet_logs()
+    with quiet:
+        seen: set[int] = set()
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            err.__traceback__ = None  # frees its frames, and what they held, now
+            err = err.__context__ or err.__cause__  # type: ignore[assignment]
+        if "distributed" in sys.modules:
+            import gc
+
+            gc.collect()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if args.debug:
             raise
+        _forget(err)
         _err("interrupted")
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly
