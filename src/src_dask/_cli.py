@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from . import _paths
+from .errors import OverwriteNeededError
+
 PROG = "src-dask"
 DTYPES = ("float32", "float64", "complex64", "complex128")
 #: Formats of the Zarr groups this package writes (group attribute ``format``).
@@ -319,33 +322,19 @@ def _check_tls(scheduler_file: str, security: Any) -> None:
 
 
 # -- demo ------------------------------------------------------------------------------
-def _random_train(kind: str, n: int, bond: int, phys: int, rng: np.random.Generator,
-                  decay: float) -> list[np.ndarray]:
-    """Complex Gaussian cores, bond index i scaled by ``decay**i`` (a compressible product)."""
-    cores = []
-    legs = (phys,) if kind == "mps" else (phys, phys)
-    for j in range(n):
-        left = 1 if j == 0 else min(bond, phys ** min(j, n - j))
-        right = 1 if j == n - 1 else min(bond, phys ** min(j + 1, n - j - 1))
-        shape = (left, right, *legs)
-        c = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2 * left)
-        c *= (decay ** np.arange(right)).reshape((1, right) + (1,) * len(legs))
-        c = c[:, 0] if j == n - 1 else c
-        cores.append(c[0] if j == 0 else c)
-    return cores
-
-
 def demo(args: argparse.Namespace) -> int:
     """MPO·MPS on a local cluster; the error against the exact product and the time."""
     from distributed import LocalCluster
 
     import src_dask
+    from src_dask import problems
     from src_dask._cluster import address, start_local
     from src_dask.trains import TensorTrain, exact_product
 
-    rng = np.random.default_rng(args.seed)
-    mpo = TensorTrain(_random_train("mpo", args.sites, args.mpo_bond, 2, rng, 0.5))
-    mps = TensorTrain(_random_train("mps", args.sites, args.bond, 2, rng, 0.9))
+    # decaying bonds: a compressible product, so the errors are worth reading
+    mpo = problems.random_mpo(args.sites, args.mpo_bond, seed=args.seed, decay=0.5)
+    mps = problems.random_mps(args.sites, args.bond, seed=args.seed + 1, decay=0.9)
+    mpo, mps = (TensorTrain(t.to_numpy(), t.kind) for t in (mpo, mps))  # in memory
     exact = exact_product(mpo, mps)
 
     def start() -> Any:
@@ -573,10 +562,14 @@ def run(args: argparse.Namespace) -> int:
     import src_dask
 
     args.security = _security(args)  # usage errors first
-    out = os.path.abspath(args.out)
+    out = os.path.realpath(args.out)
+    trains = _open_inputs(args.trains)  # lazily: nothing is read yet
+    for train in trains:  # --out must not write over (or around) an input
+        _paths.check_apart(out, _paths.train_dirs(train, f"input {train.name}"),
+                           f"--out {args.out}")
     _check_replaceable(out, args.overwrite)  # before any work
-    if args.store is not None and os.path.abspath(args.store) == out:
-        raise CLIError(f"{args.out}: --out and --store must be different paths")
+    if args.store is not None:
+        _paths.check_apart(out, {"--store": os.path.realpath(args.store)}, f"--out {args.out}")
     if args.store is not None and args.overwrite_store:
         store = os.path.abspath(args.store)
         if os.path.isdir(store) and os.listdir(store) and _format(store) != RUN_FORMAT:
@@ -585,7 +578,6 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
         raise CLIError("--report: Dask's performance report needs a cluster; add --workers N, "
                        "--gpus N or --scheduler-file FILE")
-    trains = _open_inputs(args.trains)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     seed = args.seed
     if seed is None and args.store is None:
@@ -598,12 +590,9 @@ def run(args: argparse.Namespace) -> int:
             result = src_dask.src(*trains, **options, client=client, store=args.store,
                                   overwrite=args.overwrite_store, progress=progress,
                                   performance_report=args.report)
-        except ValueError as err:
-            if "pass overwrite=True" not in str(err):
-                raise
-            # a store of another run: the API's option is this command's --overwrite-store
-            raise CLIError(str(err).replace("pass overwrite=True", "pass --overwrite-store")
-                           ) from err
+        except OverwriteNeededError as err:
+            # the API's option is this command's --overwrite-store
+            raise CLIError(f"{err.reason}; pass --overwrite-store to replace it") from err
         if args.store is not None:
             options["seed"] = _attrs(os.path.abspath(args.store))["seed"]  # type: ignore[index]
         with _atomic_dir(out, args.overwrite) as tmp:
@@ -638,20 +627,9 @@ def _phys_text(phys: Sequence[tuple[int, ...]]) -> str:
 
 
 def _train_info(path: str) -> dict[str, Any]:
-    import src_dask
+    from .storage import describe
 
-    try:
-        tt = src_dask.open(path)
-    except KeyError as err:
-        raise CLIError(f"{path}: incomplete train (missing {err})") from None
-    info = {"path": path, "what": "train", "kind": tt.kind, "sites": len(tt),
-            "bond_dims": tt.bond_dims, "phys_dims": [list(p) for p in tt.phys_dims],
-            "dtype": tt.dtype.name, "bytes": tt.nbytes}
-    attrs = _attrs(path) or {}
-    for key in ("generated", "made_by"):
-        if key in attrs:
-            info[key] = attrs[key]
-    return info
+    return describe(path)
 
 
 def _train_lines(info: dict[str, Any], indent: str = "  ") -> list[str]:
@@ -669,39 +647,9 @@ def _train_lines(info: dict[str, Any], indent: str = "  ") -> list[str]:
 
 
 def _run_info(path: str) -> dict[str, Any]:
-    import zarr
+    from ._runstore import describe
 
-    group = zarr.open_group(path, mode="r")
-    attrs = dict(group.attrs)
-    fingerprint = dict(attrs.get("fingerprint", {}))
-    inputs = []
-    for kind, transpose, sites in fingerprint.pop("inputs", []):
-        shapes = [shape for shape, _token in sites]
-        nlegs = 2 if kind == "mpo" else 1
-        inputs.append({"kind": kind, "transposed": bool(transpose), "sites": len(shapes),
-                       "bond_dims": [s[0] if j == 0 else s[1] for j, s in
-                                     enumerate(shapes[:-1])],
-                       "phys_dims": [s[-nlegs:] for s in shapes]})
-    try:
-        pass1 = [bool(v) for v in group["progress/pass1"][...]]
-        pass2_next = int(group["progress"].attrs["pass2_next"])
-    except KeyError:
-        pass1, pass2_next = [], attrs.get("sites", 0) - 1
-    info: dict[str, Any] = {
-        "path": path, "what": "run store", "complete": bool(attrs.get("complete")),
-        "options": fingerprint, "seed": attrs.get("seed"), "sketch": attrs.get("sketch"),
-        "chunk": attrs.get("chunk"), "sites": attrs.get("sites"), "inputs": inputs,
-        "pass1_blocks_done": sum(pass1), "pass1_blocks": len(pass1),
-        "pass2_next_site": pass2_next, "bytes_planned": attrs.get("bytes_planned")}
-    if info["complete"]:
-        kind = "mps" if any(i["kind"] == "mps" for i in inputs) else "mpo"
-        cores = [group[f"result/site_{j}"] for j in range(attrs["sites"])]
-        from .trains import TensorTrain
-
-        result = TensorTrain(cores, kind)
-        info["result"] = {"kind": kind, "bond_dims": result.bond_dims,
-                          "dtype": result.dtype.name, "bytes": result.nbytes}
-    return info
+    return describe(path)
 
 
 def _run_lines(info: dict[str, Any]) -> list[str]:

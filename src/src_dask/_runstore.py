@@ -42,7 +42,7 @@ import zarr
 from . import _integrity, _paths
 from ._lock import LOCK, StoreLock
 from ._stack import Stack
-from .errors import DamagedDataError, PathRefusedError, StoreError
+from .errors import DamagedDataError, OverwriteNeededError, PathRefusedError, StoreError
 from .trains import TensorTrain
 from .trains import _to_numpy as to_numpy
 
@@ -186,13 +186,14 @@ class RunStore:
                     attrs["chunk"]
             if not overwrite:
                 if problem is not None:
-                    raise StoreError(f"{path}: the run store's metadata is damaged ({problem});"
-                                     " pass overwrite=True to start the run anew")
+                    raise OverwriteNeededError(
+                        f"{path}: the run store's metadata is damaged ({problem})",
+                        "pass overwrite=True to start the run anew")
                 stored = attrs["fingerprint"]
                 diff = sorted(k for k in set(stored) | set(wanted)
                               if stored.get(k) != wanted.get(k))
-                raise StoreError(f"{path}: holds a run of other inputs or options (differs in "
-                                 f"{', '.join(diff)}); pass overwrite=True to replace it")
+                raise OverwriteNeededError(f"{path}: holds a run of other inputs or options "
+                                           f"(differs in {', '.join(diff)})")
             _check_disk(path, planned_bytes(stack, sketch))
             _remove_run(path)
         return cls._create(path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
@@ -259,9 +260,10 @@ class RunStore:
                 pass1[c] = False
         nxt = group["progress"].attrs.get("pass2_next") if "progress" in group else None
         if not isinstance(nxt, int) or isinstance(nxt, bool) or not 0 <= nxt <= n - 1:
-            raise StoreError(f"{self.path}: the run store's metadata is damaged "
-                             f"(progress pass2_next is {nxt!r}, expected an int in 0…{n - 1});"
-                             " pass overwrite=True to start the run anew")
+            raise OverwriteNeededError(
+                f"{self.path}: the run store's metadata is damaged (progress pass2_next is "
+                f"{nxt!r}, expected an int in 0…{n - 1})",
+                "pass overwrite=True to start the run anew")
         if nxt < n - 1 and not self._pass2_intact(nxt, n):
             nxt = n - 1
         return Progress(tuple(pass1), nxt)

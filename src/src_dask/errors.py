@@ -29,3 +29,16 @@ class DamagedDataError(StoreError):
 
 class StoreLockedError(StoreError, RuntimeError):
     """Another process is running on this run store (one writer per store)."""
+
+
+class OverwriteNeededError(StoreError):
+    """A run store holds another run (other inputs or options), or its metadata is
+    damaged: only ``overwrite`` (the command line's ``--overwrite-store``) replaces it.
+
+    ``reason`` is the message without the hint, so that each front end can name
+    its own option.
+    """
+
+    def __init__(self, reason: str, hint: str = "pass overwrite=True to replace it") -> None:
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason

@@ -126,9 +126,13 @@ def random_train(kind: str, bonds: Sequence[int], phys: int | Sequence[int] = 2,
     ups = _per_site(phys, n, "phys")
     legs = [(u,) for u in ups] if kind == "mps" else \
         list(zip(ups, _per_site(ups if down is None else down, n, "down"), strict=True))
-    if decay is not None and not 0 < decay <= 1:
+    return _gaussian_train(kind, bonds, legs, [1.0] * n, _dtype(dtype), seed, _decay(decay))
+
+
+def _decay(decay: float | None) -> float | None:
+    if decay is not None and (isinstance(decay, bool) or not 0 < decay <= 1):
         raise ValueError(f"decay: expected a number in (0, 1], got {decay!r}")
-    return _gaussian_train(kind, bonds, legs, [1.0] * n, _dtype(dtype), seed, decay)
+    return decay
 
 
 def _per_site(x: int | Sequence[int], n: int, what: str) -> list[int]:
@@ -140,13 +144,15 @@ def _per_site(x: int | Sequence[int], n: int, what: str) -> list[int]:
 
 
 def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
-               seed: int | None = None) -> TensorTrain:
+               seed: int | None = None, decay: float | None = None) -> TensorTrain:
     """A random MPS of ``sites`` sites with physical dimension ``phys``, lazily drawn.
 
     The bond at each cut is ``min(bond, phys**k)`` (``k`` sites on the smaller
     side). Entries are Gaussian with variance ``1 / (r * phys)`` (``r`` the
     site's right bond; complex entries ``(x + iy)/sqrt(2)`` of that scale), which
     makes ``E <psi|psi> = 1``: products of many such trains stay of order one.
+    ``decay`` in (0, 1] weights index ``i`` of every right bond by ``decay**i`` (a
+    decaying spectrum: the state, and its products, compress well).
     """
     sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
         _positive(phys, "phys")
@@ -155,16 +161,17 @@ def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
     rights = [*bonds, 1]
     re_im = 2 if dt.kind == "c" else 1
     scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mps", bonds, [(phys,)] * sites, scales, dt, seed)
+    return _gaussian_train("mps", bonds, [(phys,)] * sites, scales, dt, seed, _decay(decay))
 
 
 def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
-               seed: int | None = None) -> TensorTrain:
+               seed: int | None = None, decay: float | None = None) -> TensorTrain:
     """A random MPO of ``sites`` sites, legs ``phys × phys``, lazily drawn.
 
     The bond at each cut is ``min(bond, (phys**2)**k)``. Entries are Gaussian with
     variance ``1 / (r * phys)``, so that ``E |A x|^2 = |x|^2`` for any ``x``:
-    the MPO neither shrinks nor blows up the states it is applied to.
+    the MPO neither shrinks nor blows up the states it is applied to. ``decay``:
+    as for :func:`random_mps`.
     """
     sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
         _positive(phys, "phys")
@@ -173,7 +180,8 @@ def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
     rights = [*bonds, 1]
     re_im = 2 if dt.kind == "c" else 1
     scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mpo", bonds, [(phys, phys)] * sites, scales, dt, seed)
+    return _gaussian_train("mpo", bonds, [(phys, phys)] * sites, scales, dt, seed,
+                           _decay(decay))
 
 
 def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128",
