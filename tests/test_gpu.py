@@ -137,8 +137,9 @@ def test_zarr_reads_land_in_pinned_memory_and_move_without_a_copy(tmp_path, monk
 
 def _halving_problem():
     # C blocks of 2048 columns x (8 * 512) complex128 = 128 MiB in and out, and a
-    # 256 MiB intermediate (C·T_mps) when done whole
-    return random_mpo(10, 8, seed=1), random_mps(10, 512, seed=2)
+    # 256 MiB intermediate (C·T_mps) when done whole; 22 sites, so that the product
+    # reaches rank 2048 (2**11) and the sketch is not clamped below chi_out = 2048
+    return random_mpo(22, 8, seed=1), random_mps(22, 512, seed=2)
 
 
 def test_oom_halving_with_a_cupy_pool_limit(caplog, tmp_path):

@@ -108,7 +108,10 @@ def read(arr: Any, selection: Any = Ellipsis, *, what: str, finite: bool = True,
         raise DamagedDataError(f"{what}: a chunk is damaged and cannot be read "
                                f"({type(err).__name__}: {' '.join(str(err).split())})"
                                ) from err
-    if finite and data.dtype.kind in "fc" and not np.isfinite(data).all():
+    # a NaN or inf makes the sum non-finite: one pass, no temporary the size of the data
+    # (only a non-finite or overflowing sum is looked at element by element)
+    if finite and data.dtype.kind in "fc" and not np.isfinite(data.sum()) \
+            and not np.isfinite(data).all():
         raise DamagedDataError(f"{what}: holds NaN or inf; stored data is never NaN, so a "
                                "chunk is damaged or was edited")
     return data

@@ -11,6 +11,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from .. import _kernels as K
+from .._integrity import VerifiedArray
 from .._plan import SweepPlan
 from .._stack import Stack
 from . import keys, tasks
@@ -119,7 +120,9 @@ class Inputs:
             slot = (j, i, group)
             if not (once and slot in self._loaded):
                 key = (g.name("load", j), 0 if once else sweep, i) + ((group,) if group else ())
-                check = lazy and (sweep == 1 or j == n - 1 or self.pass1_done)
+                # a verified source checks its data as it is read
+                check = (lazy and not isinstance(f.train.source(j), VerifiedArray)
+                         and (sweep == 1 or j == n - 1 or self.pass1_done))
                 self._loaded[slot] = g.add(
                     key, tasks.prepare, g.array(f.train.source(j), after), after,
                     kind=f.train.kind, site=j, n=n, transpose=f.transpose, dtype=stack.dtype,
