@@ -135,31 +135,40 @@ def test_zarr_reads_land_in_pinned_memory_and_move_without_a_copy(tmp_path, monk
     assert not _transfer._is_pinned(np.zeros(4))
 
 
-def _halving_problem():
-    # C blocks of 2048 columns x (8 * 512) complex128 = 128 MiB in and out, and a
-    # 256 MiB intermediate (C·T_mps) when done whole; 22 sites, so that the product
-    # reaches rank 2048 (2**11) and the sketch is not clamped below chi_out = 2048
-    return random_mpo(22, 8, seed=1), random_mps(22, 512, seed=2)
-
-
-def test_oom_halving_with_a_cupy_pool_limit(caplog, tmp_path):
-    """With a store, so that finished environments leave the device (without one they
-    stay there for pass 2, and in this one-process test nothing spills them)."""
+def test_oom_halving_with_a_cupy_pool_limit(caplog):
+    """One pass-1 step on a block of 2048 columns (C of 128 MiB, about 768 MiB of
+    temporaries whole) under a CuPy pool limit of 512 MiB above what is in use: the
+    whole block runs out of memory, halves fit, and the result equals the unlimited one.
+    (The step alone: a whole run would be clamped to the product's rank, and pass 2's
+    steps cannot be split.)"""
     import cupy
 
-    a, x = _halving_problem()
-    with dask.config.set({"src_dask.device": "gpu"}):
-        ref = src_dask.apply(a, x, 2048, seed=0, chunk=2048)
-        pool = cupy.get_default_memory_pool()
-        pool.free_all_blocks()
-        pool.set_limit(size=448 * 2**20)
-        try:
-            with caplog.at_level(logging.WARNING, logger="src_dask"):
-                y = src_dask.apply(a, x, 2048, seed=0, chunk=2048, store=tmp_path / "run")
-        finally:
-            pool.set_limit(size=0)
-    _same(y, ref)
-    assert any("out of memory on" in r.getMessage() for r in caplog.records)
+    from src_dask import _kernels as K
+    from src_dask import _oom, _random
+
+    rng = np.random.default_rng(0)
+    mpo = cupy.asarray(rng.standard_normal((8, 8, 2, 2)) + 0j)
+    mps = cupy.asarray(rng.standard_normal((512, 512, 2, 1)) + 0j)
+    env = cupy.asarray(rng.standard_normal((2048, 8, 512)) + 0j)
+    omega = _random.sketch_block(1, 3, 0, 2048, (2, 1), np.dtype(complex))
+
+    def step() -> cupy.ndarray:
+        return _oom.halving(lambda a, b: K.sketch_step(env[a:b], [mpo, mps], omega=omega[a:b],
+                                                        site=3),
+                            2048, xp=cupy, run="oom-test", step="pass 1", site=3,
+                            bytes_per_column=K.sketch_step_bytes([mpo, mps]))
+
+    ref = step().get()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    pool.set_limit(size=pool.used_bytes() + 512 * 2**20)
+    try:
+        with caplog.at_level(logging.WARNING, logger="src_dask"):
+            out = step().get()
+    finally:
+        pool.set_limit(size=0)
+    assert any("out of memory on 2048" in r.getMessage() for r in caplog.records)
+    assert np.abs(out - ref).max() <= 1e-12 * np.abs(ref).max()
 
 
 def test_one_column_that_does_not_fit_on_the_gpu():
