@@ -720,13 +720,23 @@ def info(args: argparse.Namespace) -> int:
 
 # -- the parser ---------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
+    """The command line's parser: one subcommand per function below."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (for developers)")
-    fmt = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(prog=PROG, description=__doc__, formatter_class=fmt)
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=_FORMAT)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_demo, _add_generate, _add_run, _add_info):
+        add(sub, common)
+    return parser
 
+
+#: Help text as written: prose is filled by :func:`_wrap`, tables kept.
+_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = _FORMAT
     p = sub.add_parser("demo", parents=[common], formatter_class=fmt,
                        help="run SRC on a built-in MPO·MPS problem on a local cluster",
                        description=_wrap(
@@ -750,6 +760,9 @@ def _parser() -> argparse.ArgumentParser:
                    "this machine only; 0.0.0.0 opens them to the network)")
     p.set_defaults(func=demo)
 
+
+def _add_generate(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = _FORMAT
     p = sub.add_parser(
         "generate", parents=[common], formatter_class=fmt,
         help="write a reference problem (random MPS/MPO, the src-method stack, "
@@ -793,6 +806,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="replace PATH if it holds a src_dask train or stack")
     p.set_defaults(func=generate, parser=p)
 
+
+def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = _FORMAT
     p = sub.add_parser(
         "run", parents=[common], formatter_class=fmt,
         help="compress the product of saved trains with SRC; write the result to Zarr",
@@ -840,6 +856,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite-store", action="store_true",
                    help="replace a --store that holds a run of other inputs or options "
                    "(a store of the same run is resumed, not replaced)")
+    _add_cluster_options(p)
+    p.set_defaults(func=run, parser=p)
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """Where ``run`` computes (a running cluster, local GPUs or CPU workers), how the
+    local cluster is set up, and TLS."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler-file", metavar="FILE",
                        help="connect to the Dask cluster of this scheduler file")
@@ -869,8 +892,10 @@ def _parser() -> argparse.ArgumentParser:
     tls.add_argument("--tls-cert", metavar="PEM", help="this side's certificate (signed by "
                      "the CA)")
     tls.add_argument("--tls-key", metavar="PEM", help="its private key")
-    p.set_defaults(func=run, parser=p)
 
+
+def _add_info(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = _FORMAT
     p = sub.add_parser("info", parents=[common], formatter_class=fmt,
                        help="describe a saved train, a stack or a run store",
                        description=_wrap(
@@ -882,7 +907,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", help="a saved train, stack or run store")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=info)
-    return parser
 
 
 def _forget(err: BaseException) -> None:
