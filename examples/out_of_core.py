@@ -42,44 +42,23 @@ import time
 from pathlib import Path
 
 import dask
-import dask.array as da
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import src_dask
-from src_dask import TensorTrain
-
-GENERATION_CHUNK = 256  # rows of a bond axis per Dask chunk while generating (fixes the data)
+from src_dask import TensorTrain, problems
 
 
 # -- 1. generating the inputs straight into Zarr --------------------------------------------
 def random_train(kind: str, n: int, bond: int, phys: int, decay: float, seed: int,
                  dtype=np.complex128) -> TensorTrain:
-    """A random MPS or MPO of lazy Dask cores in quimb's layout (nothing computed).
-
-    Entries are complex Gaussians; the right-bond index k is weighted by
-    e^{-decay·k/bond}, and each core is scaled so that the norm (of the MPS,
-    or of the MPO applied to a vector) stays of order one along the chain.
+    """A random MPS or MPO of lazy Dask cores in quimb's layout (nothing computed),
+    from :mod:`src_dask.problems`: complex Gaussians, the right-bond index k weighted
+    by e^{-decay·k/bond}, each core scaled so that the norm (of the MPS, or of the
+    MPO applied to a vector) stays of order one along the chain.
     """
-    legs = (phys,) if kind == "mps" else (phys, phys)
-    bonds = [1] + [bond] * (n - 1) + [1]
-    cores = []
-    for j in range(n):
-        rng = da.random.default_rng(np.random.SeedSequence([seed, j]))
-        shape = (bonds[j], bonds[j + 1], *legs)
-        chunks = tuple(min(s, GENERATION_CHUNK) for s in shape[:2]) + legs
-        core = (rng.standard_normal(shape, chunks=chunks)
-                + 1j * rng.standard_normal(shape, chunks=chunks))
-        w = np.exp(-decay * np.arange(bonds[j + 1]) / bond)
-        scale = 1 / np.sqrt(2 * phys * np.sum(w**2))  # E|z|² = 2; phys up legs
-        core = core * (scale * w)[(None, slice(None)) + (None,) * len(legs)]
-        core = core.astype(dtype)
-        if j == n - 1:
-            core = core[:, 0]
-        if j == 0:
-            core = core[0]
-        cores.append(core)
-    return TensorTrain(cores, kind, name=f"random {kind}")
+    make = problems.random_mps if kind == "mps" else problems.random_mpo
+    return make(n, bond, phys, dtype=dtype, seed=seed, decay=math.exp(-decay / bond))
 
 
 def generate(inputs: Path, args: argparse.Namespace) -> float:

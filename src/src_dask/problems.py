@@ -152,16 +152,15 @@ def random_mps(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
     site's right bond; complex entries ``(x + iy)/sqrt(2)`` of that scale), which
     makes ``E <psi|psi> = 1``: products of many such trains stay of order one.
     ``decay`` in (0, 1] weights index ``i`` of every right bond by ``decay**i`` (a
-    decaying spectrum: the state, and its products, compress well).
+    decaying spectrum: the state, and its products, compress well), the scale
+    corrected so that the norm stays of order one.
     """
     sites, bond, phys = _positive(sites, "sites", 2), _positive(bond, "bond"), \
         _positive(phys, "phys")
     dt = _dtype(dtype)
     bonds = _capped_bonds(sites, bond, phys)
-    rights = [*bonds, 1]
-    re_im = 2 if dt.kind == "c" else 1
-    scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mps", bonds, [(phys,)] * sites, scales, dt, seed, _decay(decay))
+    scales = _scales(bonds, phys, dt, _decay(decay))
+    return _gaussian_train("mps", bonds, [(phys,)] * sites, scales, dt, seed, decay)
 
 
 def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128",
@@ -177,11 +176,18 @@ def random_mpo(sites: int, bond: int, phys: int = 2, *, dtype: Any = "complex128
         _positive(phys, "phys")
     dt = _dtype(dtype)
     bonds = _capped_bonds(sites, bond, phys * phys)
-    rights = [*bonds, 1]
-    re_im = 2 if dt.kind == "c" else 1
-    scales = [1 / np.sqrt(re_im * r * phys) for r in rights]
-    return _gaussian_train("mpo", bonds, [(phys, phys)] * sites, scales, dt, seed,
-                           _decay(decay))
+    scales = _scales(bonds, phys, dt, _decay(decay))
+    return _gaussian_train("mpo", bonds, [(phys, phys)] * sites, scales, dt, seed, decay)
+
+
+def _scales(bonds: Sequence[int], phys: int, dtype: np.dtype,
+            decay: float | None) -> list[float]:
+    """Per site, the scale that keeps a norm of order one: variance ``1 / (w * phys)``
+    with ``w`` the right bond's summed squared weights (its size without decay)."""
+    re_im = 2 if dtype.kind == "c" else 1
+    weights = [r if decay is None else float(np.sum(decay ** (2 * np.arange(r))))
+               for r in [*bonds, 1]]
+    return [1 / np.sqrt(re_im * w * phys) for w in weights]
 
 
 def stack_mpo(sites: int, bond: int, phys: int = 4, *, dtype: Any = "complex128",
