@@ -25,13 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _paths
+from . import _paths, _random, _runstore, storage
 from .errors import OverwriteNeededError
+from .trains import SUPPORTED_DTYPES
 
 PROG = "src-dask"
-DTYPES = ("float32", "float64", "complex64", "complex128")
+DTYPES = tuple(t.name for t in SUPPORTED_DTYPES)
 #: Formats of the Zarr groups this package writes (group attribute ``format``).
-TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = "src_dask.train", "src_dask.stack", "src_dask.run"
+TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = storage.FORMAT, "src_dask.stack", _runstore.FORMAT
 
 
 class CLIError(Exception):
@@ -168,16 +169,6 @@ def _atomic_dir(path: str, overwrite: bool) -> Iterator[str]:
     finally:
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _check_free(path: str, need: int) -> None:
-    """Fail before writing when the file system under ``path`` cannot hold ``need`` bytes."""
-    where = path
-    while not os.path.exists(where):
-        where = os.path.dirname(where) or "."
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise CLIError(f"{path}: needs {_nbytes(need)} but only {_nbytes(free)} are free")
 
 
 def _record(path: str, key: str, value: dict) -> None:
@@ -422,7 +413,7 @@ def generate(args: argparse.Namespace) -> int:
     _check_replaceable(path, args.overwrite)
     trains = _build_problem(spec)
     need = sum(t.nbytes for t in trains.values())
-    _check_free(path, need)
+    _paths.check_space(path, need, "the problem")
     t0 = time.perf_counter()
     with _atomic_dir(path, args.overwrite) as tmp:
         if spec["kind"] == "stack":
@@ -552,11 +543,6 @@ def _log_to_stderr(enabled: bool = True) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _draw_seed() -> int:
-    """A fresh seed for a run without ``--seed`` (recorded with the output)."""
-    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
-
-
 def run(args: argparse.Namespace) -> int:
     """SRC on saved trains; the result written to ``args.out`` (atomically)."""
     import src_dask
@@ -581,7 +567,7 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     seed = args.seed
     if seed is None and args.store is None:
-        seed = _draw_seed()  # a stored run records (and on resume reuses) its own
+        seed = _random.draw_seed()  # a stored run records (and on resume reuses) its own
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "seed": seed, "chunk": args.chunk}
     with _log_to_stderr(args.verbose), _compute_client(args) as client:

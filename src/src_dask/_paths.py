@@ -91,3 +91,25 @@ def check_apart(path: str, dirs: dict[str, str], what: str, allow_same: bool = F
             raise PathRefusedError(f"{what}: {how} the directory of {label} ({where}); "
                                    "writing there would destroy data being read (choose a "
                                    "path apart from it)")
+
+
+def check_space(path: str, need: int, what: str) -> None:
+    """Fail early, naming ``path``, where ``what`` (e.g. "the run store") cannot be
+    written or would not fit in ``need`` bytes: an ``OSError`` before anything is made."""
+    import shutil
+    import uuid
+
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent) or "."
+    probe = os.path.join(parent, f".src_dask-probe-{uuid.uuid4().hex}")
+    try:
+        with builtins.open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise OSError(err.errno, f"{path}: {what} cannot be written there ({err.strerror}); "
+                                 f"it needs {need} bytes") from err
+    free = shutil.disk_usage(parent).free
+    if free < need:
+        raise OSError(28, f"{path}: {what} needs {need} bytes but only {free} are free")

@@ -55,3 +55,9 @@ def sketch_block(key: int, site: int, start: int, stop: int, legs: tuple[int, ..
     if is_complex:
         normal = (normal[:, :size] + 1j * normal[:, size:]) / np.sqrt(2.0)
     return normal.reshape((stop - start, *legs))
+
+
+def draw_seed() -> int:
+    """A fresh seed for a run given none (non-negative, fits an int64; recorded with
+    the run so that it can be repeated)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)

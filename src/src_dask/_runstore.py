@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from . import _integrity, _paths
+from . import _integrity, _paths, _random
 from ._lock import LOCK, StoreLock
 from ._stack import Stack
 from .errors import DamagedDataError, OverwriteNeededError, PathRefusedError, StoreError
@@ -77,24 +77,6 @@ def planned_bytes(stack: Stack, sketch: int) -> int:
     s_env = 2 * max(sketch * math.prod(stack.left_bonds(j)) for j in range(stack.n))
     cores = 2 * sum(sketch * sketch * stack.up(j) * stack.down(j) for j in range(stack.n))
     return (envs + s_env + cores) * item + 2**16 * (stack.n + 1)
-
-
-def _check_disk(path: str, need: int) -> None:
-    """Fail early, naming the path, where the store cannot be written or would not fit."""
-    parent = path
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent) or "."
-    probe = os.path.join(parent, f".src_dask-probe-{uuid.uuid4().hex}")
-    try:
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise OSError(err.errno, f"{path}: the run store cannot be written there "
-                                 f"({err.strerror}); it needs {need} bytes") from err
-    free = shutil.disk_usage(parent).free
-    if free < need:
-        raise OSError(28, f"{path}: the run store needs {need} bytes but only {free} are free")
 
 
 def check_path(store: Any) -> str:
@@ -146,7 +128,7 @@ class RunStore:
                 f"{path}: exists and is not a src_dask run store; src_dask does not replace "
                 "it (choose another path, or remove it yourself)")
         if attrs is None:
-            _check_disk(path, planned_bytes(stack, sketch))
+            _paths.check_space(path, planned_bytes(stack, sketch), "the run store")
         made = not os.path.exists(path)
         os.makedirs(path, exist_ok=True)
         lock = StoreLock(path)
@@ -194,7 +176,7 @@ class RunStore:
                               if stored.get(k) != wanted.get(k))
                 raise OverwriteNeededError(f"{path}: holds a run of other inputs or options "
                                            f"(differs in {', '.join(diff)})")
-            _check_disk(path, planned_bytes(stack, sketch))
+            _paths.check_space(path, planned_bytes(stack, sketch), "the run store")
             _remove_run(path)
         return cls._create(path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
                            made=made)
@@ -204,7 +186,7 @@ class RunStore:
                 sketch: int, chunk: int, made: bool) -> tuple[RunStore, Progress, int, int]:
         """A new store; on any failure nothing of it stays behind."""
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+            seed = _random.draw_seed()
         run_id = uuid.uuid4().hex
         try:
             # ours from the start (an interrupted set-up can be replaced with overwrite),

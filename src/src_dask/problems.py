@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .storage import chunks_for
-from .trains import TensorTrain
+from .trains import SUPPORTED_DTYPES, TensorTrain
 
 __all__ = ["STACK_FACTORS", "heisenberg", "ising", "random_mpo", "random_mps", "random_train",
            "stack", "stack_mpo"]
@@ -44,7 +44,7 @@ STACK_FACTORS: tuple[tuple[str, int | None], ...] = (("N", 4), ("V", 4), ("M", N
 #: that all threads share the work on one large core.
 _DRAW_CHUNK_BYTES = 32 * 2**20
 
-_DTYPES = ("float32", "float64", "complex64", "complex128")
+_DTYPES = tuple(t.name for t in SUPPORTED_DTYPES)
 
 
 def _dtype(dtype: Any) -> np.dtype:
