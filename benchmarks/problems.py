@@ -71,21 +71,18 @@ def mpo_mps_spec(L: int, chi: int | str, mpo_bond: int, seed: int) -> dict[str, 
 def mpo_mps_trains(sites: int, chi: int, seed: int):
     """MPO·MPS with the reference problem's shapes, as src_dask TensorTrains of NumPy
     cores, without quimb: the MPO is ``src_dask.problems.stack_mpo(sites, 4, phys=2)``
-    (bond 4 everywhere); the MPS (bond ``chi`` everywhere, end sites included, as
-    quimb's ``MPS_rand_state``) is drawn here, since ``src_dask.problems.random_mps``
-    caps the bonds near the ends. Complex Gaussian entries of variance ``1/(2 r)``."""
+    (bond 4 everywhere); the MPS has bond ``chi`` everywhere, end sites included, as
+    quimb's ``MPS_rand_state`` (``src_dask.problems.random_train``, which does not cap
+    bonds), scaled to a norm of order one."""
     import src_dask
-    from src_dask.problems import stack_mpo
+    from src_dask.problems import random_train, stack_mpo
 
-    rng = np.random.default_rng(seed + 1)
-    cores = []
-    for j in range(sites):
-        shape = (*((chi,) if j > 0 else ()), *((chi,) if j < sites - 1 else ()), 2)
-        scale = 1 / np.sqrt(2 * (chi if j < sites - 1 else 1) * 2)
-        cores.append(scale * (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)))
+    mps = random_train("mps", [chi] * (sites - 1), 2, seed=seed + 1)
+    scales = [1 / np.sqrt(2 * (chi if j < sites - 1 else 1) * 2) for j in range(sites)]
     mpo = stack_mpo(sites, 4, phys=2, seed=seed)
     return (src_dask.TensorTrain(mpo.to_numpy(), "mpo"),
-            src_dask.TensorTrain(cores, "mps", name="random mps"))
+            src_dask.TensorTrain([s * c for s, c in zip(scales, mps.to_numpy(), strict=True)],
+                                 "mps", name="random mps"))
 
 
 # -- the stack N·V·M·U ---------------------------------------------------------------
