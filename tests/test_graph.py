@@ -371,3 +371,78 @@ def test_cores_come_back_one_by_one_and_nothing_stays_on_the_cluster(cluster_cli
     while cluster_client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
         assert time.time() < deadline, "tasks left on the scheduler"
         time.sleep(0.05)
+
+
+def _gpu_like(monkeypatch):
+    """Several CPU workers standing in for GPUs: each prepares its own inputs, and a
+    sketch piece runs where its block of Z is (not where the block of C_j is)."""
+    import dataclasses
+
+    monkeypatch.setattr(_plan, "input_groups", lambda device, workers: max(1, workers))
+    decide = _plan.Pass2.decide.__func__
+
+    def like_gpu(cls, device, workers, groups, split=False):
+        return dataclasses.replace(decide(cls, device, workers, groups, split),
+                                   pieces_at_env=False)
+
+    monkeypatch.setattr(_plan.Pass2, "decide", classmethod(like_gpu))
+
+
+def test_split_pass_2_moves_one_environment_a_site(monkeypatch):
+    """Pass 2 split by rows of Z over two workers (config pass2-split): each worker
+    projects, sketches and updates its own rows; of C_j only the blocks made on the
+    other worker move, once each: (W-1)/W of the environment a site. No Z moves."""
+    _gpu_like(monkeypatch)
+    n, chunk, sketch = 7, 4, 8
+    stack = make_stack((random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)))
+    plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=8, cutoff=0.0, key=0, round=False)
+    with dask.config.set({"src_dask.pass2-split": True}):
+        graph = _graph.build(stack, plan, workers=["w0", "w1"])
+    where = {k: f(k) for layer in graph.dask.layers.values()
+             for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
+             if callable(f)}
+    dsk = dict(graph.dask)
+    assert not [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("fetch",)]
+    for j in range(1, n - 1):
+        step = f"pass2_site{j}"
+        pieces = [k for k in dsk if isinstance(k, tuple) and key_split(k) == step
+                  and k[1] == "sketch"]
+        projects = {k[2]: where[k] for k in dsk if isinstance(k, tuple)
+                    and key_split(k) == step and k[1] == "project"}
+        assert sorted(set(projects.values())) == ["w0", "w1"]  # each worker projects rows
+        moved = set()
+        for k in pieces:
+            _, _, b, c = k
+            assert where[k] == projects[b]  # a piece runs where its block of Z is
+            env = dsk[k].args[0] if hasattr(dsk[k], "args") else dsk[k][1]
+            env = getattr(env, "key", env)
+            if where[env] != where[k]:
+                moved.add((c, where[k]))
+        # each block of C_j goes once to the worker that did not make it: a worker
+        # receives (W-1)/W of the environment
+        blocks = -(-sketch // chunk)
+        assert len(moved) == blocks
+        row = 16 * int(np.prod(stack.left_bonds(j)))  # bytes of one column of C_j
+        for w in ("w0", "w1"):
+            received = sum(min(chunk, sketch - c * chunk) for c, at in moved if at == w)
+            assert received * row == sketch * row // 2
+
+
+def test_split_pass_2_gives_the_same_result(cluster_client, monkeypatch):
+    """The split run on two workers standing in for GPUs equals the one-process run to
+    rounding (the environment's sum runs in another order)."""
+    from distributed import get_task_stream
+
+    _gpu_like(monkeypatch)
+    trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
+    ref = src_dask.src(*trains, chi_out=12, seed=1)
+    with dask.config.set({"src_dask.pass2-split": True}), \
+            get_task_stream(client=cluster_client) as stream:
+        y = src_dask.src(*trains, chi_out=12, seed=1, client=cluster_client, chunk=6)
+    ran = {}
+    for t in stream.data:
+        if key_split(t["key"]).startswith("pass2"):
+            ran.setdefault(t["key"][1], set()).add(t["worker"])
+    assert len(ran["project"]) == 2 and len(ran["update"]) == 2 and "fetch" not in ran
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

@@ -63,8 +63,10 @@ class Pass2:
     one place (a GPU or a single worker), so a site whose ``Z`` is whole is one
     task: on a distributed cluster each dependent task costs a scheduler round
     trip, more than a small site's GEMMs; Dask's local schedulers on a CPU keep
-    the pieces as tasks, which its threads run side by side. ``spread``: CPU
-    workers share ``Z``'s row blocks. ``pieces_at_env``: a CPU multiplies a
+    the pieces as tasks, which its threads run side by side. ``spread``: the
+    workers share ``Z``'s row blocks (CPU workers; GPU workers with the config
+    ``pass2-split``, which replaces ``home``: each projects, sketches and updates
+    its own rows, docs/design.md §8). ``pieces_at_env``: a CPU multiplies a
     block where the block of ``C_j`` lives; a GPU multiplies so fast that moving
     data dominates, so ``C_j`` goes to ``Z`` (smaller by the physical legs).
     """
@@ -75,10 +77,13 @@ class Pass2:
     pieces_at_env: bool
 
     @classmethod
-    def decide(cls, device: str, workers: int, groups: int) -> Pass2:
+    def decide(cls, device: str, workers: int, groups: int, split: bool = False) -> Pass2:
         """For a run on ``device`` with ``workers`` workers, ``groups`` of which
-        prepare their own inputs (:func:`input_groups`)."""
+        prepare their own inputs (:func:`input_groups`); ``split``: pass 2 split by
+        rows over several workers."""
         gpu = device == "gpu"
+        if split and workers > 1:
+            return cls(home=False, together=False, spread=True, pieces_at_env=not gpu)
         return cls(home=groups > 1, together=gpu or workers == 1,
                    spread=not gpu and workers > 1, pieces_at_env=not gpu)
 
@@ -106,9 +111,14 @@ class SweepPlan:
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
         workers = tuple(workers or ())
         groups = input_groups(plan.device, len(workers))
+        split = bool(config.get("pass2-split")) and len(workers) > 1
+        blocks = [z_blocks(stack, plan, j) for j in range(stack.n)]
+        if split:  # at least one row block of Z per worker
+            blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
+                      for j, b in enumerate(blocks)]
         return cls(plan=plan, workers=workers, groups=groups, lookahead=lookahead(stack, plan),
-                   z_blocks=tuple(z_blocks(stack, plan, j) for j in range(stack.n)),
-                   pass2=Pass2.decide(plan.device, len(workers), groups))
+                   z_blocks=tuple(blocks),
+                   pass2=Pass2.decide(plan.device, len(workers), groups, split))
 
 
 # -- the sketch ------------------------------------------------------------------------
@@ -181,10 +191,15 @@ def z_blocks(stack: Stack, plan: Plan, site: int) -> int:
     """Row blocks of the projected core ``Z`` at ``site``: enough to keep each within
     ``plan.z_block_bytes``. (Its rows, the bond right of the site, may come out
     fewer than this bound with a cutoff; blocks then come out smaller or empty.)"""
-    rows = 1 if site == stack.n - 1 else min(plan.sketch, stack.max_rank(site + 1))
+    rows = z_rows(stack, plan, site)
     nbytes = (math.prod(stack.left_bonds(site)) * rows * stack.up(site) * stack.down(site)
               * stack.dtype.itemsize)
     return max(1, min(rows, math.ceil(nbytes / plan.z_block_bytes)))
+
+
+def z_rows(stack: Stack, plan: Plan, site: int) -> int:
+    """An upper bound of the rows of ``Z`` at ``site`` (the output's bond right of it)."""
+    return 1 if site == stack.n - 1 else min(plan.sketch, stack.max_rank(site + 1))
 
 
 def slots(client: Any, device: str) -> int:

@@ -44,6 +44,14 @@ class _Pass2:
         self.cores = {j: inputs.load(j, 2, self.ahead_of(j)) for j in range(self.first + 1)}
         self.out: list[Any] = [None] * n
 
+    def cores_at(self, j: int, block: int) -> list[Any]:
+        """Site ``j``'s cores where row block ``block`` of ``Z_j`` is made: each worker's
+        own copy when pass 2 is split over workers that prepare their own inputs."""
+        groups = self.sweep.groups
+        if not self.sweep.pass2.spread or groups == 1 or block % groups == 0:
+            return self.cores[j]
+        return self.inputs.load(j, 2, self.ahead_of(j), group=block % groups)
+
     def ahead_of(self, j: int) -> Any:
         """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
         ahead = self.sweep.lookahead
@@ -68,7 +76,8 @@ class _Pass2:
         """``Z_j`` from ``S_j`` (``env``), in the plan's row blocks."""
         g, m = self.g, self.sweep.z_blocks[j]
         project = _oom.naming_the_site(K.project_core, site=j, step="pass 2")
-        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores[j], env, rows=(b, m))
+        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores_at(j, b), env,
+                    rows=(b, m))
               for b in range(m)]
         # row blocks spread over CPU workers (the sketch and update of a block follow it);
         # all of pass 2 on the first of several GPUs
@@ -96,8 +105,11 @@ class _Pass2:
             row = [g.add((g.name("pass2", j), "sketch", b, c), tasks.sketch_piece, env, key,
                          site=j, start=start, stop=stop, run=g.token, store=self.store)
                    for b, key in enumerate(z.keys)]
+            # a CPU multiplies where the block of C_j is; a GPU where the block of Z is (on
+            # one GPU, or all of pass 2 on the first of several, that is one place)
             at_env = self.sweep.pass2.pieces_at_env
-            pieces.append([g.pin(k, c) if at_env else self.place(k, 0) for k in row])
+            pieces.append([g.pin(k, c) if at_env else self.place(k, b)
+                           for b, k in enumerate(row)])
         return pieces
 
     def qr(self, j: int, z: _Z, step: SiteStep) -> Any:
