@@ -339,3 +339,30 @@ def test_a_second_process_on_a_running_store_fails_at_once(problem, tmp_path):
         _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     _close(_run(problem, store), _ref(problem))
+
+
+def test_overwrite_retries_while_files_appear_then_says_why(tmp_path, monkeypatch):
+    """Removing an old run whose directory is still being written (a task of an
+    interrupted run on a cluster) is tried again, then refused with one clear error."""
+    import shutil
+
+    from src_dask import _runstore as rs
+
+    calls, real = [], shutil.rmtree
+
+    def busy(where):
+        calls.append(where)
+        if len(calls) < 3:
+            raise OSError(39, "Directory not empty")
+        return real(where)
+
+    (tmp_path / "env").mkdir()
+    monkeypatch.setattr(rs.shutil, "rmtree", busy)
+    monkeypatch.setattr(rs.time, "sleep", lambda s: None)
+    rs._rmtree(str(tmp_path / "env"))
+    assert len(calls) == 3 and not (tmp_path / "env").exists()
+    (tmp_path / "env").mkdir()
+    monkeypatch.setattr(rs.shutil, "rmtree", lambda where: (_ for _ in ()).throw(
+        OSError(39, "Directory not empty")))
+    with pytest.raises(StoreError, match="cannot be removed .*still writing"):
+        rs._rmtree(str(tmp_path / "env"))

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -444,13 +445,30 @@ def _remove_run(path: str) -> None:
     for name in _ENTRIES:
         where = os.path.join(path, name)
         if os.path.isdir(where) and not os.path.islink(where):
-            shutil.rmtree(where)
+            _rmtree(where)
         elif os.path.lexists(where):
             os.remove(where)
     left = [e for e in os.listdir(path) if e != LOCK] if os.path.isdir(path) else []
     if left:
         log.warning("src: %s: kept %d entries that a run does not write (%s)", path, len(left),
                     ", ".join(sorted(left)[:5]))
+
+
+def _rmtree(where: str, tries: int = 5) -> None:
+    """``shutil.rmtree``, tried again while files keep appearing (a task of an
+    interrupted run on a cluster finishing its chunk); then one clear error."""
+    for attempt in range(tries):
+        try:
+            shutil.rmtree(where)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as err:  # "Directory not empty": something is still writing
+            if attempt == tries - 1:
+                raise StoreError(f"{where}: cannot be removed ({err.strerror}); is a task of "
+                                 "an earlier run still writing there? Try again once it "
+                                 "has stopped") from err
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _write_whole(group: zarr.Group, name: str, x: Any) -> None:
