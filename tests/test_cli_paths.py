@@ -83,3 +83,12 @@ def test_info_of_a_damaged_run_store_is_one_line(saved, tmp_path, capsys, edit):
     line = _one_error(capsys)
     assert str(store) in line
     assert os.path.exists(store)
+
+
+@pytest.mark.parametrize("path", [".", ""])
+def test_out_is_never_the_working_directory(tmp_path, monkeypatch, capsys, path):
+    """Not even an empty one, and not with --overwrite: it would be renamed away."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", "mps", path, "--sites", "4", "--bond", "2", "--overwrite"]) == 1
+    assert "working directory" in _one_error(capsys)
+    assert os.listdir(tmp_path) == [] and os.getcwd() == str(tmp_path)

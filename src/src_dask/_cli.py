@@ -120,12 +120,7 @@ def _one_line(err: BaseException) -> str:
 # -- what is at a path ---------------------------------------------------------------
 def _attrs(path: str) -> dict | None:
     """The attributes of the Zarr group at ``path``; None where there is none."""
-    import zarr
-
-    try:
-        return dict(zarr.open_group(path, mode="r").attrs)
-    except Exception:  # noqa: BLE001 - missing, not Zarr, unreadable: all "no group"
-        return None
+    return _paths.group_attrs(path)
 
 
 def _format(path: str) -> str | None:
@@ -137,6 +132,9 @@ def _format(path: str) -> str | None:
 def _check_replaceable(path: str, overwrite: bool) -> None:
     """Refuse to write ``path`` if something is there, unless ``overwrite`` and it is
     a train or stack this package wrote (or an empty folder): nothing else is deleted."""
+    if _paths.holds_working_directory(os.path.realpath(path)):
+        raise CLIError(f"{path}: is the working directory or one of its parents; name a "
+                       "path of its own")
     if not os.path.lexists(path):
         return
     if not overwrite:
