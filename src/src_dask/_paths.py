@@ -7,6 +7,8 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import shutil
+import uuid
 from typing import Any
 
 from . import _integrity
@@ -96,9 +98,6 @@ def check_apart(path: str, dirs: dict[str, str], what: str, allow_same: bool = F
 def check_space(path: str, need: int, what: str) -> None:
     """Fail early, naming ``path``, where ``what`` (e.g. "the run store") cannot be
     written or would not fit in ``need`` bytes: an ``OSError`` before anything is made."""
-    import shutil
-    import uuid
-
     parent = path
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."

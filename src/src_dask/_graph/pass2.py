@@ -42,6 +42,7 @@ class _Pass2:
         n = self.stack.n
         self.first = progress.pass2_next if progress else n - 1
         self.cores = {j: inputs.load(j, 2, self.ahead_of(j)) for j in range(self.first + 1)}
+        self._cores_of_group: dict[tuple[int, int], list[Any]] = {}
         self.out: list[Any] = [None] * n
 
     def cores_at(self, j: int, block: int) -> list[Any]:
@@ -50,7 +51,10 @@ class _Pass2:
         groups = self.sweep.groups
         if not self.sweep.pass2.spread or groups == 1 or block % groups == 0:
             return self.cores[j]
-        return self.inputs.load(j, 2, self.ahead_of(j), group=block % groups)
+        group = block % groups  # loaded once per site and group, whatever its blocks
+        if (j, group) not in self._cores_of_group:
+            self._cores_of_group[j, group] = self.inputs.load(j, 2, self.ahead_of(j), group=group)
+        return self._cores_of_group[j, group]
 
     def ahead_of(self, j: int) -> Any:
         """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
