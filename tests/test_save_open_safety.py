@@ -404,3 +404,14 @@ def test_a_train_saved_again_has_another_token(tmp_path):
     assert tokenize(src_dask.open(tmp_path / "x").source(1)) == first
     src_dask.save(x, tmp_path / "x", overwrite=True)
     assert tokenize(src_dask.open(tmp_path / "x").source(1)) != first
+
+
+def test_a_path_below_a_file_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "f").write_text("mine")
+    x = random_mps(3, 2, seed=0)
+    for where in (tmp_path / "f" / "x", tmp_path / "f" / "deeper" / "x"):
+        with pytest.raises(PathRefusedError, match=f"{tmp_path / 'f'} is a file"):
+            src_dask.save(x, where)
+        with pytest.raises(PathRefusedError, match=f"{tmp_path / 'f'} is a file"):
+            src_dask.apply(random_mpo(3, 2, seed=1), x, 2, seed=0, store=where)
+    assert (tmp_path / "f").read_text() == "mine"

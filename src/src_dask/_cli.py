@@ -135,6 +135,7 @@ def _check_replaceable(path: str, overwrite: bool) -> None:
     if _paths.holds_working_directory(os.path.realpath(path)):
         raise CLIError(f"{path}: is the working directory or one of its parents; name a "
                        "path of its own")
+    _paths.check_parent(os.path.realpath(path), path)
     if not os.path.lexists(path):
         return
     if not overwrite:

@@ -28,6 +28,17 @@ def as_path(path: Any, what: str = "path") -> str:
     return text
 
 
+def check_parent(path: str, what: str) -> None:
+    """Refuse ``path`` (real) when the nearest existing folder above it is a file:
+    nothing could be made there, and the error should say why."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise PathRefusedError(f"{what}: {parent} is a file, not a directory; nothing can "
+                               "be written below it")
+
+
 def within(inner: str, outer: str) -> bool:
     """Whether real path ``inner`` is ``outer`` or lies below it."""
     return os.path.commonpath([inner, outer]) == outer

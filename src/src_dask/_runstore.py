@@ -86,6 +86,7 @@ def check_path(store: Any) -> str:
     path = os.path.realpath(_paths.as_path(store, "store"))
     if os.path.lexists(path) and not os.path.isdir(path):
         raise PathRefusedError(f"{path}: is a file, not a run store directory")
+    _paths.check_parent(path, path)
     if _paths.holds_working_directory(path):
         raise PathRefusedError(f"{path}: is the working directory or one of its parents; "
                                "name a directory of its own for the run store")

@@ -152,6 +152,7 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
     _paths.check_apart(target, _paths.train_dirs(tt, "the train being saved"), path,
                        allow_same=True)
     _check_target(path, target, overwrite)
+    _paths.check_parent(target, path)
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
