@@ -49,3 +49,41 @@ def core_difference(y1, y2) -> float:
             return float("inf")
         worst = max(worst, float(np.linalg.norm(a - b) / np.linalg.norm(a)))
     return worst
+
+
+def _bulk(core, j: int, n: int):
+    """A quimb-layout core with both bonds: a first site gets a left bond of 1, a last
+    site a right bond of 1 (MPS and MPO alike)."""
+    if j == 0:
+        core = core[None]
+    if j == n - 1:
+        core = core[:, None]
+    return core
+
+
+def train_distance(a, b, xp=np) -> dict[str, float]:
+    """How far train ``b`` is from train ``a``, whatever their bonds and gauges:
+    ``||b|| / ||a||`` and ``||a - b|| / ||a||`` (Frobenius norms of the MPS/MPO), from
+    ``<a|a>``, ``<b|b>`` and ``<a|b>`` contracted site by site.
+
+    ``a`` and ``b`` are lists of cores in quimb's layout with the same physical legs;
+    ``xp`` is the array module to contract with (CuPy moves the cores to the GPU one
+    site at a time). Each site's pair of cores is divided by ``||a_j||``, which changes
+    no ratio and keeps the products of 50 sites in range.
+    """
+    n = len(a)
+    if len(b) != n:
+        raise ValueError(f"train_distance: {n} sites against {len(b)}")
+    env = {key: xp.ones((1, 1), dtype=complex) for key in ("aa", "bb", "ab")}
+    for j in range(n):
+        x, y = xp.asarray(_bulk(a[j], j, n)), xp.asarray(_bulk(b[j], j, n))
+        scale = float(xp.linalg.norm(x))
+        x, y = x / scale, y / scale
+        for key, (left, right) in {"aa": (x, x), "bb": (y, y), "ab": (x, y)}.items():
+            phys = list(range(2, right.ndim))
+            half = xp.tensordot(env[key], right, axes=(1, 0))  # (l_left, r_right, phys)
+            env[key] = xp.tensordot(left.conj(), half, axes=([0, *phys], [0, *phys]))
+    aa, bb, ab = (complex(env[k].reshape(-1)[0]) for k in ("aa", "bb", "ab"))
+    dist2 = aa.real + bb.real - 2 * ab.real
+    return {"norm_ratio": float(np.sqrt(bb.real / aa.real)),
+            "rel_distance": float(np.sqrt(max(dist2, 0.0) / aa.real))}

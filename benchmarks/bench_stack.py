@@ -1,6 +1,7 @@
 # ruff: noqa: T201
 """The src-method stack N·V·M·U read from Zarr: src_dask on 1 and 2 workers, with and
-without a run store, against quimb's src on the whole stack.
+without a run store, against quimb's src on the whole stack and against the peer
+project src-method on 1 or 2 GPUs.
 
 The problem (docs/design.md §5, ``src_dask.problems.stack``)::
 
@@ -20,16 +21,28 @@ The script
 4. for each number of workers and each mode (environments in the cluster, or in
    a run store on disk): starts a cluster (benchmarks/clusters.py), warms it up
    on a tiny stack, then times ``src_dask.src`` on the opened trains;
-5. reports per run: wall time, FLOPs (benchmarks/flops.py), TFLOP/s, fraction of
+5. optionally (``--src-method-devices N ...``), after the clusters are gone: reads
+   the same Zarr inputs into host memory (not timed) and times the peer project
+   src-method (``src_method.src(*trains, chi_out, seed, device="gpu",
+   resources=Resources(devices=N))``, PyPI ``src-method==0.5.0``) in this process on
+   N GPUs (``device="cpu"`` with ``--device cpu``: simulated devices), as runs
+   ``srcmethod_g<N>`` (benchmarks/peers.py); skipped, saying why, where it is not
+   installed;
+6. reports per run: wall time, FLOPs (benchmarks/flops.py), TFLOP/s, fraction of
    the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
    and device memory, bytes spilled by the workers, where the time went, and the
    largest core difference from the first run (the sketch depends only on the seed);
-6. prints a table and writes the record after every run
+   src-method's results against ours by norm ratio and distance (its sketches are
+   its own); the ratios ours 2 / ours 1 worker and ours / src-method on as many
+   GPUs (``ratios``, and ``ratio_to_*`` in the runs, which the targets bound);
+7. prints a table and writes the record after every run
    (benchmarks/results/stack_<device>_dm<D_M>.json).
 
     python benchmarks/bench_stack.py                           # D_M=1000, chi_out=500
     python benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --modes memory
     python benchmarks/bench_stack.py --quick --workdir /tmp/x  # 6 sites, D_M=16, chi_out=8
+    python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
+        --protocol ucx --rmm pool --src-method-devices 2       # the two-GPU comparison
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from harness import (
     print_table,
     print_targets,
 )
+from peers import is_peer, peer_ratios, time_peers
 from problems import (
     STACK_TARGETS,
     env_bytes,
@@ -92,6 +106,10 @@ def parse_args(argv: list[str] | None = None):
                    help="the Dask config src_dask.keep-inputs: read the Zarr inputs once and "
                         "keep them for pass 2 (yes), read them in each pass (no), or let "
                         "src_dask decide from their size and the worker's memory (auto)")
+    p.add_argument("--src-method-devices", type=int, nargs="+", default=[], metavar="N",
+                   help="time the peer project src-method on N GPUs (each N given; "
+                        "simulated devices with --device cpu), after src_dask's runs, on "
+                        "the same inputs read into host memory (default: not run)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH.html",
                    help="write Dask's performance report of each configuration's timed call "
                         "(PATH_w<workers>_<mode>.html): task stream, transfers, profile")
@@ -111,6 +129,8 @@ def report(record: dict[str, Any]) -> None:
             rows.append(f"{key}: {' '.join(f'{k}: {v}' for k, v in e.items())}")
             continue
         mem, diff = e["memory"], e.get("core_diff_vs_first")
+        if is_peer(key):
+            diff = next((v for k, v in e.items() if k.startswith("core_diff_vs_")), None)
         rows.append([key, f"{e['best_s']:.3f}", cell(e.get("ratio_to_quimb"), ".3f"),
                      f"{e['tflops'] * 1e3:.1f}",
                      f"{e['fraction_of_gemm']:.1%}", gb(mem["peak_host_rss_bytes"]),
@@ -124,10 +144,30 @@ def report(record: dict[str, Any]) -> None:
               "of this process and the workers; device GB: peak device-wide use above the "
               "baseline"]
     legend += [f"{key}: {profile_text(e['profile'])}" for key, e in record["runs"].items()
-               if e.get("profile")]
+               if e.get("profile") and not is_peer(key)]
+    legend += [peer_text(key, e) for key, e in record["runs"].items()
+               if is_peer(key) and "best_s" in e]
+    if record.get("ratios"):
+        legend.append("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in record["ratios"].items()))
     print_table(["run", "best s", "/quimb", "GFLOP/s", "of GEMM", "host GB", "device GB",
                  "spilled GB", "core diff", "cluster"], rows, legend, align="lrrrrrrrrl")
     print_targets(record.get("targets", []))
+
+
+def peer_text(key: str, e: dict[str, Any]) -> str:
+    """One line on a src-method run: its passes (from its log), the inputs' read, and
+    its cores against ours and against its other runs."""
+    prof = e.get("profile", {})
+    words = [f"{key}: pass 1 {prof.get('pass1_span_s', 0):.1f} s, pass 2 "
+             f"{prof.get('pass2_span_s', 0):.1f} s (src-method's log); inputs read in "
+             f"{e.get('load_s', 0):.1f} s, not timed"]
+    vs = e.get("vs_src_dask", {})
+    if "norm_ratio" in vs:
+        words.append(f"against {vs['run']} (other sketches): norm ratio "
+                     f"{vs['norm_ratio']:.4f}, distance {vs['rel_distance']:.2e}")
+    words += [f"{k.removeprefix('core_diff_vs_')} core diff {v:.1e}" for k, v in e.items()
+              if k.startswith("core_diff_vs_")]
+    return "; ".join(words)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -142,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result_bytes = args.sites * args.chi_out**2 * args.phys**2 * 16
     earlier = earlier_record(args.merge, out)
     record = Record(
-        "the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb src",
+        "the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb src "
+        "and src-method",
         device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
         sizes={"inputs_bytes": input_bytes(sp), "environments_bytes": envs,
                "result_bytes_at_most": result_bytes},
@@ -159,10 +200,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record["quimb"] = quimb = time_quimb(record, earlier, trains, args, device, envs, gemm)
     found = STACK_TARGETS.get((device.name, args.dm, args.chi_out), ())
     compare = not args.no_compare and result_bytes <= COMPARE_MAX_BYTES
-    first = None
+    first = first_key = None
 
     def save() -> None:
-        record["targets"] = check_targets(found, record["runs"])
+        record["ratios"] = peer_ratios(record["runs"])
+        ours = {k: e for k, e in record["runs"].items() if not is_peer(k)}
+        record["targets"] = check_targets(found, ours)
         record.write(out)
 
     for n_workers in args.workers:
@@ -180,12 +223,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "best_s" in quimb:
                 entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
             if compare:
-                first = result if first is None else first
+                first, first_key = (result, key) if first is None else (first, first_key)
                 entry["core_diff_vs_first"] = core_difference(first, result)
             record["runs"][key] = entry
             print(f"{key}: best {entry['best_s']:.3f} s ({entry['cluster']}; started in "
                   f"{entry['cluster_startup_s']:.1f} s, not counted)", flush=True)
             save()
+    if args.src_method_devices:
+        for key, entry in time_peers(trains, args, device, first, first_key,
+                                     keep=compare).items():
+            if "best_s" in entry:
+                entry.update(flops=flops["total"],
+                             **rates(flops["total"], entry["best_s"], gemm))
+                if "best_s" in quimb:
+                    entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
+            record["runs"][key] = entry
+        save()
     report(record)
     return record
 

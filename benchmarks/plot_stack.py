@@ -1,6 +1,7 @@
 # ruff: noqa: T201
 """A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest
-(quimb's src, where a record timed it, as one grey bar), against the time target and
+(quimb's src, where a record timed it, as one grey bar; the peer src-method's runs
+split by the pass times it logs), against the time target and
 the FLOP floor (benchmarks/flops.py) at the GEMM rate of its run.
 
     python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
@@ -40,6 +41,13 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
             if "best_s" not in run:
                 continue
             pass1 = run.get("profile", {}).get("pass1_span_s", 0.0)
+            if run.get("peer") == "src-method":  # the peer project, pass 1 from its log
+                gpus = f"{run['devices']} GPU" + ("s" if run["devices"] > 1 else "")
+                out.setdefault(size, []).append({
+                    "label": f"{when} src-method {gpus}", "pass1": min(pass1, run["best_s"]),
+                    "total": run["best_s"], "floor": floor, "quimb": False, "peer": True,
+                    "where": where})
+                continue
             link = "" if run["workers"] == 1 else (" ucx" if "'ucx'" in run["cluster"]
                                                    else " tcp")
             gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
@@ -74,8 +82,9 @@ def plot(records: list[dict], path: Path) -> None:
         y = range(len(runs))
         ax.barh(y, [r["pass1"] for r in runs], color="tab:blue", label="pass 1")
         ax.barh(y, [r["total"] - r["pass1"] for r in runs], left=[r["pass1"] for r in runs],
-                color=["0.6" if r["quimb"] else "tab:orange" for r in runs],
-                label="pass 2 and the rest (grey: quimb's whole run)")
+                color=["0.6" if r["quimb"] else "tab:green" if r.get("peer") else "tab:orange"
+                       for r in runs],
+                label="pass 2 and the rest (grey: quimb's whole run; green: src-method)")
         ax.set_yticks(list(y), [r["label"] for r in runs])
         ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at the GEMM rate")
         if size in TARGET_S:
