@@ -298,9 +298,10 @@ def test_in_memory_inputs_travel_once_in_the_graph():
 
 
 def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
-    """On several GPU workers each worker reads the Zarr cores its blocks use (no core
-    moves between GPUs), and pass 2 runs on the first worker, which fetches the other
-    workers' blocks of C_j a few sites ahead of their use."""
+    """On several GPU workers over TCP each worker reads the Zarr cores its blocks use
+    (no core moves between GPUs), and without the split (pass2-split false) pass 2
+    runs on the first worker, which fetches the other workers' blocks of C_j a few
+    sites ahead of their use."""
     from dask.core import get_dependencies
 
     src_dask.save(random_mpo(6, 3, seed=1), tmp_path / "a")
@@ -308,7 +309,8 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
     stack = make_stack((src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")))
     plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                        device="gpu", z_block_bytes=1)
-    graph = _graph.build(stack, plan, workers=["w0", "w1"])
+    with dask.config.set({"src_dask.pass2-split": False}):
+        graph = _graph.build(stack, plan, workers=["w0", "w1"])
     dsk = dict(graph.dask)
     where = {k: f(k) for layer in graph.dask.layers.values()
              for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
@@ -373,76 +375,154 @@ def test_cores_come_back_one_by_one_and_nothing_stays_on_the_cluster(cluster_cli
         time.sleep(0.05)
 
 
-def _gpu_like(monkeypatch):
-    """Several CPU workers standing in for GPUs: each prepares its own inputs, and a
-    sketch piece runs where its block of Z is (not where the block of C_j is)."""
-    import dataclasses
-
-    monkeypatch.setattr(_plan, "input_groups", lambda device, workers: max(1, workers))
-    decide = _plan.Pass2.decide.__func__
-
-    def like_gpu(cls, device, workers, groups, split=False):
-        return dataclasses.replace(decide(cls, device, workers, groups, split),
-                                   pieces_at_env=False)
-
-    monkeypatch.setattr(_plan.Pass2, "decide", classmethod(like_gpu))
+def _where(graph) -> dict:
+    """The worker each pinned task of ``graph`` prefers."""
+    return {k: f(k) for layer in graph.dask.layers.values()
+            for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
+            if callable(f)}
 
 
-def test_split_pass_2_moves_one_environment_a_site(monkeypatch):
-    """Pass 2 split by rows of Z over two workers (config pass2-split): each worker
-    projects, sketches and updates its own rows; of C_j only the blocks made on the
-    other worker move, once each: (W-1)/W of the environment a site. No Z moves."""
-    _gpu_like(monkeypatch)
-    n, chunk, sketch = 7, 4, 8
+def _deps(dsk, key) -> set:
+    from dask.core import get_dependencies
+
+    return set(get_dependencies(dsk, key))
+
+
+def _split_graph(n=7, workers=("w0", "w1"), sketch=8, chunk=4, z_block_bytes=1,
+                 device="cpu"):
     stack = make_stack((random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)))
-    plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=8, cutoff=0.0, key=0, round=False)
+    plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=8, cutoff=0.0, key=0, round=False,
+                       device=device, z_block_bytes=z_block_bytes)
     with dask.config.set({"src_dask.pass2-split": True}):
-        graph = _graph.build(stack, plan, workers=["w0", "w1"])
-    where = {k: f(k) for layer in graph.dask.layers.values()
-             for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
-             if callable(f)}
-    dsk = dict(graph.dask)
-    assert not [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("fetch",)]
-    for j in range(1, n - 1):
-        step = f"pass2_site{j}"
-        pieces = [k for k in dsk if isinstance(k, tuple) and key_split(k) == step
-                  and k[1] == "sketch"]
-        projects = {k[2]: where[k] for k in dsk if isinstance(k, tuple)
-                    and key_split(k) == step and k[1] == "project"}
-        assert sorted(set(projects.values())) == ["w0", "w1"]  # each worker projects rows
-        moved = set()
-        for k in pieces:
-            _, _, b, c = k
-            assert where[k] == projects[b]  # a piece runs where its block of Z is
-            env = dsk[k].args[0] if hasattr(dsk[k], "args") else dsk[k][1]
-            env = getattr(env, "key", env)
-            if where[env] != where[k]:
-                moved.add((c, where[k]))
-        # each block of C_j goes once to the worker that did not make it: a worker
-        # receives (W-1)/W of the environment
-        blocks = -(-sketch // chunk)
-        assert len(moved) == blocks
-        row = 16 * int(np.prod(stack.left_bonds(j)))  # bytes of one column of C_j
-        for w in ("w0", "w1"):
-            received = sum(min(chunk, sketch - c * chunk) for c, at in moved if at == w)
-            assert received * row == sketch * row // 2
+        graph = _graph.build(stack, plan, workers=list(workers))
+    return stack, plan, graph
 
 
-def test_split_pass_2_gives_the_same_result(cluster_client, monkeypatch):
-    """The split run on two workers standing in for GPUs equals the one-process run to
-    rounding (the environment's sum runs in another order)."""
+@pytest.mark.parametrize("workers", [2, 3])
+def test_split_pass_2_moves_one_environment_a_site(workers):
+    """Pass 2 split by rows of Z (config pass2-split): each worker projects, sketches
+    and updates its own rows. Per site a worker receives the blocks of C_j it did
+    not make in pass 1 ((W-1)/W of C_j, copied ahead of use), and the shares of S
+    for its rows; the sketch goes to the QR. Z never moves."""
+    names = tuple(f"w{i}" for i in range(workers))
+    stack, plan, graph = _split_graph(workers=names, sketch=9, chunk=3)
+    dsk, where = dict(graph.dask), _where(graph)
+    token = next(k for k in dsk if isinstance(k, str) and k.startswith("src_result-"))[11:]
+    for j in range(1, stack.n - 1):
+        name = f"pass2_site{j}-{token}"
+        owners = {where[k] for k in dsk if isinstance(k, tuple) and k[0] == name
+                  and k[1] == "project"}
+        assert owners == set(names)  # every worker projects rows of Z_j
+        left = int(np.prod(stack.left_bonds(j))) * stack.dtype.itemsize
+        for w in names:
+            fetched = [k for k in dsk if isinstance(k, tuple) and k[0] == name
+                       and k[1] == "fetch" and where[k] == w]
+            columns = sum(plan.blocks[k[2]][1] - plan.blocks[k[2]][0] for k in fetched)
+            own = sum(b - a for c, (a, b) in enumerate(plan.blocks) if c % workers == int(w[1:]))
+            assert len(set(fetched)) == len(fetched)  # each block once
+            assert columns * left == (plan.sketch - own) * left  # all of C_j but its own
+            if j + plan_ahead(stack, plan) < stack.n:  # copied ahead of use, not at once
+                for k in fetched:
+                    assert any(isinstance(d, tuple) and d[1:] == ("core",)
+                               for d in _deps(dsk, k))
+        for key in dsk:  # Z never leaves the worker that made it
+            if isinstance(key, tuple) and key[0] == name:
+                for d in _deps(dsk, key):
+                    if isinstance(d, tuple) and d[0] == name and d[1] == "project":
+                        assert where[d] == where[key], (key, d)
+        # each worker sends its share of S_{j-1} to every worker projecting rows there
+        after = {where[k] for k in dsk if isinstance(k, tuple)
+                 and k[0] == f"pass2_site{j - 1}-{token}" and k[1] == "project"}
+        shares = [k for k in dsk if isinstance(k, tuple) and k[0] == name
+                  and k[1] == "update"]
+        assert {(where[k], names[k[3]]) for k in shares} == {(w, h) for w in names
+                                                            for h in after}
+
+
+def plan_ahead(stack, plan) -> int:
+    return _plan.lookahead(stack, plan)
+
+
+def test_split_pass_2_copies_inputs_over_a_fast_link():
+    """On GPU workers linked by UCX each site's cores are read once (site j by worker
+    j % W) and copied to the others; over TCP every worker reads its own."""
+    for scheme, reads in (("ucx", 1), ("tcp", 2)):
+        _, _, graph = _split_graph(workers=(f"{scheme}://a:1", f"{scheme}://b:2"),
+                                   device="gpu")
+        dsk, where = dict(graph.dask), _where(graph)
+        loads = [k for k in dsk if isinstance(k, tuple) and key_split(k).startswith("load_site")]
+        for j in range(7):
+            own = [k for k in loads if key_split(k) == f"load_site{j}" and "copy" not in k]
+            # two trains; the last site is used by worker 0 only (Z has one row there)
+            assert len(own) == 2 * (1 if j == 6 else reads)
+            if scheme == "ucx":
+                assert {where[k] for k in own} == {[f"{scheme}://a:1", f"{scheme}://b:2"][j % 2]}
+                copies = [k for k in loads if key_split(k) == f"load_site{j}" and "copy" in k]
+                # the last site is projected by worker 0 alone (Z has one row there)
+                assert len(copies) == (2 if j < 6 or j % 2 else 0)
+                assert all(where[k] != where[own[0]] for k in copies)
+
+
+@pytest.mark.parametrize("options", [dict(chunk=6), dict(chunk=4, z=1),
+                                     dict(chunk=5, z=1, cutoff=1e-3)])
+def test_split_pass_2_gives_the_same_result(cluster_client, options):
+    """The split run on two workers (standing in for GPUs) gives the cores of the
+    one-process run to rounding (the sum of S runs in another order), with Z whole or
+    in row blocks and with a cutoff; every worker projects and updates rows."""
     from distributed import get_task_stream
 
-    _gpu_like(monkeypatch)
     trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 6, phys=3, seed=2))
-    ref = src_dask.src(*trains, chi_out=12, seed=1)
-    with dask.config.set({"src_dask.pass2-split": True}), \
-            get_task_stream(client=cluster_client) as stream:
-        y = src_dask.src(*trains, chi_out=12, seed=1, client=cluster_client, chunk=6)
+    run = dict(chi_out=12, seed=1, chunk=options["chunk"], cutoff=options.get("cutoff", 0.0))
+    settings = {"src_dask.pass2-split": True}
+    if "z" in options:
+        settings["src_dask.projection-block-size"] = options["z"]
+    with dask.config.set(settings):
+        ref = src_dask.src(*trains, **run)
+        with get_task_stream(client=cluster_client) as stream:
+            y = src_dask.src(*trains, client=cluster_client, **run)
     ran = {}
     for t in stream.data:
         if key_split(t["key"]).startswith("pass2"):
             ran.setdefault(t["key"][1], set()).add(t["worker"])
-    assert len(ran["project"]) == 2 and len(ran["update"]) == 2 and "fetch" not in ran
+    assert len(ran["project"]) == 2 and len(ran["update"]) == 2 and len(ran["qr"]) == 1
+    assert [c.shape for c in y] == [c.shape for c in ref]
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_split_pass_2_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """A split run that fails in pass 2 leaves a checkpoint (S summed from the
+    workers' shares); the rerun does only the sites left and gives the same cores."""
+    from distributed import Client, LocalCluster
+
+    from src_dask._graph import tasks
+
+    trains = (random_mpo(7, 3, phys=3, seed=1), random_mps(7, 6, phys=3, seed=2))
+    ref = src_dask.src(*trains, chi_out=12, seed=1, chunk=4)
+    original, calls = tasks.pass2_step, []
+
+    def failing(*args, site, **kwargs):
+        calls.append(site)
+        if site == 3 and fail:
+            raise RuntimeError("stop at site 3")
+        return original(*args, site=site, **kwargs)
+
+    monkeypatch.setattr(tasks, "pass2_step", failing)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
+            dask.config.set({"src_dask.pass2-split": True,
+                             "src_dask.projection-block-size": 1}):
+        fail = True
+        with pytest.raises(RuntimeError, match="stop at site 3"):
+            src_dask.src(*trains, chi_out=12, seed=1, chunk=4, client=client,
+                         store=tmp_path / "run")
+        import zarr
+
+        saved = zarr.open_group(tmp_path / "run/progress", mode="r").attrs["pass2_next"]
+        assert saved < 6  # site 6 (at least) was checkpointed before site 3 failed
+        fail, calls[:] = False, []
+        y = src_dask.src(*trains, chi_out=12, seed=1, chunk=4, client=client,
+                         store=tmp_path / "run")
+        assert sorted(calls) == list(range(1, saved + 1))  # only the sites left
+        for c, c0 in zip(y, ref, strict=True):
+            assert np.abs(np.asarray(c) - c0).max() <= 1e-12 * np.abs(c0).max()

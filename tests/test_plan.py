@@ -21,17 +21,20 @@ def _plan_of(**kw):
                          "round": False, **kw})
 
 
-@pytest.mark.parametrize("device, workers, groups, want", [
-    # (home, together, spread, pieces_at_env)
-    ("cpu", 0, 1, (False, False, False, True)),  # Dask's local scheduler
-    ("cpu", 1, 1, (False, True, False, True)),  # one cluster worker
-    ("cpu", 3, 1, (False, False, True, True)),  # CPU workers share Z's row blocks
-    ("gpu", 1, 1, (False, True, False, False)),  # one GPU
-    ("gpu", 2, 2, (True, True, False, False)),  # several GPUs: pass 2 on the first
+@pytest.mark.parametrize("device, workers, groups, split, want", [
+    # (home, together, spread, pieces_at_env, split)
+    ("cpu", 0, 1, "auto", (False, False, False, True, False)),  # Dask's local scheduler
+    ("cpu", 1, 1, "auto", (False, True, False, True, False)),  # one cluster worker
+    ("cpu", 3, 1, "auto", (False, False, True, True, False)),  # CPU workers: a chain of S
+    ("cpu", 3, 1, True, (False, False, False, False, True)),  # CPU workers split by rows
+    ("cpu", 1, 1, True, (False, True, False, True, False)),  # nothing to split over
+    ("gpu", 1, 1, "auto", (False, True, False, False, False)),  # one GPU
+    ("gpu", 2, 2, "auto", (False, False, False, False, True)),  # several GPUs: split
+    ("gpu", 2, 2, False, (True, True, False, False, False)),  # or all on the first
 ])
-def test_pass2_strategy(device, workers, groups, want):
-    p = _plan.Pass2.decide(device, workers, groups)
-    assert (p.home, p.together, p.spread, p.pieces_at_env) == want
+def test_pass2_strategy(device, workers, groups, split, want):
+    p = _plan.Pass2.decide(device, workers, groups, split)
+    assert (p.home, p.together, p.spread, p.pieces_at_env, p.split) == want
 
 
 @pytest.mark.parametrize("together, spread, z_here, z_left, want", [
@@ -47,6 +50,13 @@ def test_site_step(together, spread, z_here, z_left, want):
     p = _plan.Pass2(home=False, together=together, spread=spread, pieces_at_env=True)
     s = p.step(z_here, z_left)
     assert (s.fused, s.chain, s.whole) == want
+
+
+@pytest.mark.parametrize("blocks, workers", [(1, 2), (2, 2), (5, 2), (7, 3), (4, 4)])
+def test_row_owners_are_contiguous_and_use_every_worker_they_can(blocks, workers):
+    owners = [_plan.row_owner(b, blocks, workers) for b in range(blocks)]
+    assert owners == sorted(owners) and owners[0] == 0
+    assert len(set(owners)) == min(blocks, workers)
 
 
 def test_sketch_is_clamped_to_the_reachable_rank():
@@ -103,5 +113,9 @@ def test_sweep_plan_decides_once_per_stack_and_workers():
     assert sweep.z_blocks == tuple(_plan.z_blocks(stack, plan, j) for j in range(7))
     assert max(sweep.z_blocks) > 1 and sweep.z_blocks[-1] == 1
     gpu = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["w0", "w1"])
-    assert gpu.groups == 2 and gpu.pass2.home
+    assert gpu.groups == 2 and gpu.pass2.split and not gpu.copy_inputs
+    # split: every site whose Z has rows enough has a row block per worker
+    assert all(b >= min(2, _plan.z_rows(stack, plan, j)) for j, b in enumerate(gpu.z_blocks))
+    ucx = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["ucx://a:1", "ucx://b:2"])
+    assert ucx.copy_inputs
     assert 2 <= sweep.lookahead <= 8

@@ -57,39 +57,45 @@ class SiteStep:
 class Pass2:
     """Where pass 2 runs, for the whole sweep.
 
-    ``home``: several GPUs — all of pass 2 on the first worker, which fetches the
-    others' blocks of ``C_j`` ahead of use (each step would otherwise move ``S``
-    and ``Z`` between GPUs, in the critical path). ``together``: pass 2 runs in
-    one place (a GPU or a single worker), so a site whose ``Z`` is whole is one
-    task: on a distributed cluster each dependent task costs a scheduler round
-    trip, more than a small site's GEMMs; Dask's local schedulers on a CPU keep
-    the pieces as tasks, which its threads run side by side. ``spread``: the
-    workers share ``Z``'s row blocks (CPU workers; GPU workers with the config
-    ``pass2-split``, which replaces ``home``: each projects, sketches and updates
-    its own rows, docs/design.md §8). ``pieces_at_env``: a CPU multiplies a
-    block where the block of ``C_j`` lives; a GPU multiplies so fast that moving
-    data dominates, so ``C_j`` goes to ``Z`` (smaller by the physical legs).
+    ``split``: several workers share every site of pass 2 by rows of ``Z``
+    (docs/design.md §8): each projects its rows, sketches them against the whole
+    ``C_j`` (the blocks it did not make in pass 1 are copied to it ahead of use),
+    the sketch pieces meet in one QR, and each worker forms its share of
+    ``S_{j-1}``, sent by rows to the worker that projects them next. The default
+    on several GPU workers (config ``pass2-split``: ``auto``).
+    ``home``: several GPUs without the split — all of pass 2 on the first
+    worker, which fetches the others' blocks of ``C_j`` ahead of use.
+    ``together``: pass 2 runs in one place (a GPU or a single worker), so a site
+    whose ``Z`` is whole is one task: on a distributed cluster each dependent
+    task costs a scheduler round trip, more than a small site's GEMMs; Dask's
+    local schedulers on a CPU keep the pieces as tasks, which its threads run
+    side by side. ``spread``: CPU workers share ``Z``'s row blocks, summing
+    ``S_{j-1}`` along them. ``pieces_at_env``: a CPU multiplies a block where
+    the block of ``C_j`` lives; a GPU multiplies so fast that moving data
+    dominates, so ``C_j`` goes to ``Z`` (smaller by the physical legs).
     """
 
     home: bool
     together: bool
     spread: bool
     pieces_at_env: bool
+    split: bool = False
 
     @classmethod
-    def decide(cls, device: str, workers: int, groups: int, split: bool = False) -> Pass2:
+    def decide(cls, device: str, workers: int, groups: int, split: Any = "auto") -> Pass2:
         """For a run on ``device`` with ``workers`` workers, ``groups`` of which
-        prepare their own inputs (:func:`input_groups`); ``split``: pass 2 split by
-        rows over several workers."""
+        prepare their own inputs (:func:`input_groups`); ``split`` (config
+        ``pass2-split``): ``True``, ``False`` or ``"auto"`` (on several GPUs)."""
         gpu = device == "gpu"
-        if split and workers > 1:
-            return cls(home=False, together=False, spread=True, pieces_at_env=not gpu)
+        if workers > 1 and (split is True or (split == "auto" and gpu)):
+            return cls(home=False, together=False, spread=False, pieces_at_env=False,
+                       split=True)
         return cls(home=groups > 1, together=gpu or workers == 1,
                    spread=not gpu and workers > 1, pieces_at_env=not gpu)
 
     def step(self, z_here: int, z_left: int) -> SiteStep:
         """The step at a site whose ``Z`` has ``z_here`` row blocks, the next site's
-        ``z_left``."""
+        ``z_left`` (not split pass 2)."""
         chain = z_here > 1 and self.spread
         return SiteStep(fused=self.together and z_here == 1, chain=chain,
                         whole=not chain and z_left == 1)
@@ -103,6 +109,7 @@ class SweepPlan:
     plan: Plan
     workers: tuple[str, ...]
     groups: int  # workers that prepare their own copy of the inputs
+    copy_inputs: bool  # each site read by one of them, copied to the others (a fast link)
     lookahead: int  # sites ahead of their use that inputs are read
     z_blocks: tuple[int, ...]  # row blocks of each site's projected core
     pass2: Pass2
@@ -111,14 +118,15 @@ class SweepPlan:
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
         workers = tuple(workers or ())
         groups = input_groups(plan.device, len(workers))
-        split = bool(config.get("pass2-split")) and len(workers) > 1
+        split = config.get_choice("pass2-split", ("auto", True, False))
+        pass2 = Pass2.decide(plan.device, len(workers), groups, split)
         blocks = [z_blocks(stack, plan, j) for j in range(stack.n)]
-        if split:  # at least one row block of Z per worker
+        if pass2.split:  # at least one row block of Z per worker
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
                       for j, b in enumerate(blocks)]
-        return cls(plan=plan, workers=workers, groups=groups, lookahead=lookahead(stack, plan),
-                   z_blocks=tuple(blocks),
-                   pass2=Pass2.decide(plan.device, len(workers), groups, split))
+        return cls(plan=plan, workers=workers, groups=groups,
+                   copy_inputs=copy_inputs(plan.device, workers),
+                   lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2)
 
 
 # -- the sketch ------------------------------------------------------------------------
@@ -177,6 +185,22 @@ def input_groups(device: str, workers: int) -> int:
     (moving a core between GPUs costs more than reading it again), one otherwise
     (each lazy core is read once per pass)."""
     return workers if device == "gpu" and workers > 1 else 1
+
+
+def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
+    """Whether each site's cores are read by one GPU worker and copied to the others
+    over the link, rather than read again by each: where Dask's comm between the
+    workers is UCX (CUDA IPC over NVLink, ~170 GB/s, docs/design.md §6.2), a copy
+    costs milliseconds and halves the reading; over TCP (~1 GB/s) reading again is
+    faster."""
+    return (device == "gpu" and len(workers) > 1
+            and all(str(w).startswith("ucx://") for w in workers))
+
+
+def row_owner(block: int, blocks: int, workers: int) -> int:
+    """The worker (index) that owns row block ``block`` of ``blocks`` in split pass 2:
+    consecutive blocks per worker, so each owns one contiguous range of rows."""
+    return block * workers // blocks
 
 
 def lookahead(stack: Stack, plan: Plan) -> int:

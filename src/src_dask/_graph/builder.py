@@ -97,10 +97,11 @@ class Inputs:
     Lazy inputs are read anew for each pass, so no core waits in memory from
     pass 1 to pass 2; in-memory inputs, and lazy ones when the plan keeps them,
     are prepared once for both passes. On several GPUs each worker that uses a
-    core (its ``group``) prepares its own: reading it again beats moving it
-    between GPUs. The data of lazy inputs is checked for NaN/inf once: in pass 1,
-    or in pass 2 for the last site (pass 1 stops before it) and when an earlier
-    run did all of pass 1.
+    core (its ``group``) holds its own copy: read by itself where Dask's comm is
+    TCP (reading again beats moving GPU data at ~1 GB/s), read by one worker and
+    copied to the others where it is UCX (``SweepPlan.copy_inputs``). The data
+    of lazy inputs is checked for NaN/inf once: in pass 1, or in pass 2 for the
+    last site (pass 1 stops before it) and when an earlier run did all of pass 1.
     """
 
     def __init__(self, g: GraphBuilder, stack: Stack, pass1_done: bool) -> None:
@@ -110,7 +111,28 @@ class Inputs:
     def load(self, j: int, sweep: int, after: Any = None, group: int = 0) -> list[Any]:
         """Keys of site ``j``'s cores for pass ``sweep``, read and moved once ``after``
         has run (a few sites ahead of their use: memory holds a few sites' inputs,
-        not all of them)."""
+        not all of them), as ``group`` uses them.
+
+        Where the plan copies inputs over a fast link, site ``j`` is read by group
+        ``j % groups`` (reads spread over the workers) and copied to the others."""
+        groups = self.g.sweep.groups
+        if not (self.g.sweep.copy_inputs and groups > 1):
+            return self._read(j, sweep, after, group)
+        reader = j % groups
+        own = self._read(j, sweep, after, reader)
+        if group == reader:
+            return own
+        out = []
+        for i, key in enumerate(own):
+            slot = ("copy", j, i, group, key)
+            if slot not in self._loaded:
+                copy = key[:2] + (i, "copy", group)
+                self._loaded[slot] = self.g.pin(self.g.add(copy, tasks.first, key, after), group)
+            out.append(self._loaded[slot])
+        return out
+
+    def _read(self, j: int, sweep: int, after: Any, group: int) -> list[Any]:
+        """Site ``j``'s cores prepared by ``group`` from their source."""
         g, stack = self.g, self.stack
         plan, n = g.sweep.plan, stack.n
         out = []

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import _kernels as K
 from .. import _oom
-from .._plan import SiteStep
+from .._plan import SiteStep, row_owner
 from .._runstore import Progress, RunStore
 from . import tasks
 from .builder import GraphBuilder, Inputs
@@ -43,18 +43,18 @@ class _Pass2:
         self.first = progress.pass2_next if progress else n - 1
         self.cores = {j: inputs.load(j, 2, self.ahead_of(j)) for j in range(self.first + 1)}
         self._cores_of_group: dict[tuple[int, int], list[Any]] = {}
+        self.checkpoint: Any = None  # the last checkpoint task of split pass 2
         self.out: list[Any] = [None] * n
 
-    def cores_at(self, j: int, block: int) -> list[Any]:
-        """Site ``j``'s cores where row block ``block`` of ``Z_j`` is made: each worker's
-        own copy when pass 2 is split over workers that prepare their own inputs."""
-        groups = self.sweep.groups
-        if not self.sweep.pass2.spread or groups == 1 or block % groups == 0:
+    def cores_at(self, j: int, worker: int) -> list[Any]:
+        """Site ``j``'s cores for use on worker ``worker`` (its index): each worker's own
+        copy where the workers prepare their own inputs (GPUs), else the one copy."""
+        if self.sweep.groups == 1 or worker == 0:
             return self.cores[j]
-        group = block % groups  # loaded once per site and group, whatever its blocks
-        if (j, group) not in self._cores_of_group:
-            self._cores_of_group[j, group] = self.inputs.load(j, 2, self.ahead_of(j), group=group)
-        return self._cores_of_group[j, group]
+        if (j, worker) not in self._cores_of_group:
+            self._cores_of_group[j, worker] = self.inputs.load(j, 2, self.ahead_of(j),
+                                                               group=worker)
+        return self._cores_of_group[j, worker]
 
     def ahead_of(self, j: int) -> Any:
         """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
@@ -80,7 +80,7 @@ class _Pass2:
         """``Z_j`` from ``S_j`` (``env``), in the plan's row blocks."""
         g, m = self.g, self.sweep.z_blocks[j]
         project = _oom.naming_the_site(K.project_core, site=j, step="pass 2")
-        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores_at(j, b), env,
+        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores[j], env,
                     rows=(b, m))
               for b in range(m)]
         # row blocks spread over CPU workers (the sketch and update of a block follow it);
@@ -168,12 +168,117 @@ class _Pass2:
         return None, g.add((g.name("pass2", j), "env"), operator.getitem, state, 1)
 
 
+    # -- split over the workers by rows of Z (Pass2.split, docs/design.md §8) ---------
+    def owner(self, block: int, blocks: int) -> int:
+        return row_owner(block, blocks, len(self.sweep.workers))
+
+    def split_project(self, j: int, parts: _Parts) -> list[Any]:
+        """``Z_j``'s row blocks, each on the worker that owns its rows."""
+        g, m = self.g, self.sweep.z_blocks[j]
+        zs = []
+        for b in range(m):
+            w = self.owner(b, m)
+            if parts.shares is None:
+                pick, given = None, None if parts.whole is None else [parts.whole]
+            else:
+                pick, given = b - parts.first[w], parts.shares[w]
+            key = g.add((g.name("pass2", j), "project", b), tasks.project_rows,
+                        self.cores_at(j, w), given, pick=pick,
+                        rows=(b, m) if pick is None else None, site=j)
+            zs.append(g.pin(key, w))
+        return zs
+
+    def split_envs(self, j: int) -> dict[int, list[Any]]:
+        """Per worker that owns rows of ``Z_j``: the keys of ``C_j``'s blocks there. A
+        block made on another worker is copied to it ahead of use (with a run store
+        each worker reads the blocks from disk instead)."""
+        g, n, m = self.g, self.stack.n, self.sweep.z_blocks[j]
+        out: dict[int, list[Any]] = {}
+        for w in sorted({self.owner(b, m) for b in range(m)}):
+            keys = []
+            for c in range(len(self.plan.blocks)):
+                env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
+                if self.store is None and c % len(self.sweep.workers) != w:
+                    env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.first, env,
+                                      self.ahead_of(j)), w)
+                keys.append(env)
+            out[w] = keys
+        return out
+
+    def split_qr(self, j: int, zs: list[Any]) -> Any:
+        """The sketch of each row block where it is, then one QR on the first worker."""
+        g, stack, m = self.g, self.stack, len(zs)
+        envs = self.split_envs(j)
+        sketches = [g.pin(g.add((g.name("pass2", j), "sketch", b), tasks.sketch_rows,
+                                envs[self.owner(b, m)], z, blocks=self.plan.blocks, site=j,
+                                run=g.token, store=self.store), self.owner(b, m))
+                    for b, z in enumerate(zs)]
+        return g.pin(g.add((g.name("pass2", j), "qr"), tasks.split_qr, sketches,
+                           up=stack.up(j), down=stack.down(j), cutoff=self.plan.cutoff,
+                           max_rank=stack.max_rank(j), site=j), 0)
+
+    def split_update(self, j: int, state: Any, zs: list[Any]) -> _Parts:
+        """Each worker's share of ``S_{j-1}`` from its rows of ``Z_j``, cut by the rows
+        each worker projects at site ``j-1``."""
+        g, m, left = self.g, len(zs), self.sweep.z_blocks[j - 1]
+        mine = _ranges(m, self.owner)
+        theirs = _ranges(left, self.owner)
+        shares: dict[int, list[Any]] = {h: [] for h in theirs}
+        for w, (b0, b1) in mine.items():
+            for h, dest in theirs.items():
+                key = g.add((g.name("pass2", j), "update", w, h), tasks.share, state,
+                            zs[b0:b1], first=b0, blocks=m, dest=(*dest, left), site=j)
+                shares[h].append(g.pin(key, w))
+        parts = _Parts(shares=shares, first={h: b0 for h, (b0, _) in theirs.items()})
+        if self.store is not None:
+            self.checkpoint = g.pin(g.add(
+                (g.name("pass2", j), "env"), tasks.split_checkpoint, state,
+                [shares[h] for h in sorted(shares)], self.checkpoint,
+                checkpoint=partial(self.store.write_pass2, j)), 0)
+        return parts
+
+    def split_site(self, j: int, parts: _Parts) -> _Parts:
+        """Site ``j`` of split pass 2; returns ``S_{j-1}`` as the workers' shares."""
+        zs = self.split_project(j, parts)
+        state = self.split_qr(j, zs)
+        parts = self.split_update(j, state, zs)
+        self.out[j] = self.g.add((self.g.name("pass2", j), "core"), tasks.eta_of, state,
+                                 self.checkpoint)
+        return parts
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """``S_j`` as split pass 2 hands it on: ``whole`` (a key; both None: ``S = 1``),
+    or ``shares[w]``, the keys of every worker's share of the rows worker ``w``
+    projects (row blocks ``first[w]``… of the site)."""
+
+    whole: Any = None
+    shares: dict[int, list[Any]] | None = None
+    first: dict[int, int] | None = None
+
+
+def _ranges(blocks: int, owner: Any) -> dict[int, tuple[int, int]]:
+    """``{worker: (first block, last block + 1)}`` of the workers that own row blocks."""
+    out: dict[int, tuple[int, int]] = {}
+    for b in range(blocks):
+        w = owner(b, blocks)
+        out[w] = (out[w][0], b + 1) if w in out else (b, b + 1)
+    return out
+
 def add(g: GraphBuilder, inputs: Inputs, envs: list[list[Any]], store: RunStore | None,
         progress: Progress | None) -> list[Any]:
     """Add pass 2 (from where ``progress`` says an earlier run stopped); returns the
     keys of the padded output cores, site by site."""
     p = _Pass2(g, inputs, envs, store, progress)
     env = p.resume()
+    if p.sweep.pass2.split:
+        parts = _Parts(whole=env)
+        for j in range(p.first, 0, -1):
+            parts = p.split_site(j, parts)
+        p.out[0] = g.add((g.name("pass2", 0), "core"), K.first_core,
+                         p.split_project(0, parts))
+        return p.out
     z = None
     for j in range(p.first, 0, -1):
         if z is None:

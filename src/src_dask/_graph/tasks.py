@@ -121,6 +121,77 @@ def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | No
     return pass2_step(pieces, zs, cores_left, site=site, **options)
 
 
+def project_rows(cores: list[Any], parts: list[Any] | None, *, pick: int | None,
+                 rows: tuple[int, int] | None, site: int) -> Any:
+    """A row block of ``Z_j`` (split pass 2) from ``S_j`` given as ``parts`` to add up:
+    ``[S_j]`` whole, cut to ``rows=(b, m)``; or (``pick``) each worker's share of
+    ``S_j``, of which item ``pick`` is this block. None: ``S_j = 1``; an empty block."""
+    env = None
+    if parts is not None:
+        chosen = [p for p in (parts if pick is None else [q[pick] for q in parts])
+                  if p is not None]
+        if not chosen:
+            return None
+        env = chosen[0]
+        for p in chosen[1:]:
+            env = env + p
+    return _oom.naming_the_site(K.project_core, site=site, step="pass 2")(cores, env, rows)
+
+
+def sketch_rows(block_envs: list[Any], z: Any, *, blocks: list[tuple[int, int]], site: int,
+                run: str, store: RunStore | None) -> list[Any]:
+    """The sketch of one row block of ``Z_j`` against every column block of ``C_j``."""
+    return [sketch_piece(env, z, site=site, start=start, stop=stop, run=run, store=store)
+            for env, (start, stop) in zip(block_envs, blocks, strict=True)]
+
+
+def split_qr(sketches: list[list[Any]], *, site: int, **options: Any) -> Any:
+    """``(η_j, None, None)`` from the sketches of ``Z_j``'s row blocks (one list of
+    column-block pieces per row block, as :func:`sketch_rows` makes them)."""
+    pieces = [list(column) for column in zip(*sketches, strict=True)]
+    return pass2_step(pieces, None, None, site=site, **options)
+
+
+def share(state: Any, zs: list[Any], *, first: int, blocks: int, dest: tuple[int, int, int],
+          site: int) -> tuple[Any, ...]:
+    """One worker's share ``conj(η_j)·Z_j`` of ``S_{j-1}`` from its row blocks ``zs``
+    of ``Z_j`` (blocks ``first``… of ``blocks``), cut into the next site's row blocks
+    ``dest = (b0, b1, m)``, ``b0 ≤ b < b1`` of ``m``: one array per block (None where
+    a block is empty), for the worker that projects them."""
+    eta = state[0]
+    b0, b1, m = dest
+    lo, hi = K.block_rows(eta.shape[0], b0, m)[0], K.block_rows(eta.shape[0], b1 - 1, m)[1]
+    cut = [K.block_rows(eta.shape[0], b, m) for b in range(b0, b1)]
+    if lo == hi or all(z is None for z in zs):
+        return tuple(None for _ in cut)
+    start = K.block_rows(eta.shape[1], first, blocks)[0]
+    update = _oom.naming_the_site(K.update_env, site=site, step="pass 2")
+    part = update(eta[lo:hi, start:], zs)
+    return tuple(part[a - lo:b - lo] if b > a else None for a, b in cut)
+
+
+def split_checkpoint(state: Any, shares: list[list[Any]], after: Any = None, *,
+                     checkpoint: Callable[[Any, Any], None]) -> None:
+    """Save ``η_j`` and ``S_{j-1}`` summed from the workers' ``shares`` (one list of
+    shares per receiving worker, in row order), once ``after`` (the checkpoint of
+    the site before) is saved: a resumed run starts from it."""
+    rows = []
+    for received in shares:
+        for pieces in zip(*received, strict=True):
+            pieces = [p for p in pieces if p is not None]
+            if pieces:
+                total = pieces[0]
+                for p in pieces[1:]:
+                    total = total + p
+                rows.append(total)
+    checkpoint(state[0], K.xp_of(rows[0]).concatenate(rows, axis=0))
+
+
+def eta_of(state: Any, after: Any = None) -> Any:
+    """``η_j`` from a QR task's state, once ``after`` (its checkpoint) has run."""
+    return state[0]
+
+
 def checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
     """``env`` (``S_{j-1}``), once ``checkpoint(η_j, S_{j-1})`` has saved it."""
     checkpoint(eta, env)
