@@ -1,15 +1,25 @@
 # ruff: noqa: T201
-"""How fast a CuPy block moves between the two GPU workers of ``src_dask.cluster(gpus=2)``.
+"""How fast a CuPy block moves between two GPU workers: those of ``src_dask.cluster(gpus=2)``
+started here, or those of a running cluster (``--scheduler-file``).
 
-Moves a 1 GiB CuPy array from worker 0 to worker 1 for each ``--protocol`` and RMM
-allocator (``async``: ``src_dask.cluster``'s default stream-ordered pool; ``pool``: a
-classic RMM pool, which dask-cuda's UCX notes recommend because CUDA IPC maps each
-allocation once per pair of processes), prints a table and writes the record
-(benchmarks/results/transfer_gpu.json). This is the rate at which pass 2 on several
-GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the protocol and
-allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses it).
+Moves CuPy arrays of each size (``--gib``, default 1 and 4 GiB) from worker 0 to worker
+1, for each ``--protocol`` and RMM allocator (``async``: RMM's stream-ordered pool;
+``pool``: a classic RMM pool, which dask-cuda's UCX notes recommend because CUDA IPC
+maps each allocation once per pair of processes). The first transfer of each size is
+reported apart (``warmup_s``): the first on a cluster carries the one-time cost of
+mapping the sender's memory in the receiver (``first_on_cluster``; ``mapping_s`` is
+its excess over the best timed transfer of that size), and it is not one of the
+``--repeats`` timed transfers (``seconds``, ``best_GBps``). Prints a table and writes
+the record (benchmarks/results/transfer_gpu.json). This is the rate at which pass 2
+on several GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the
+protocol and allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses
+it).
 
     python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
+    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
+    python benchmarks/bench_transfer.py --scheduler-file sched.json  # workers already up:
+        # dask scheduler --protocol ucx --scheduler-file sched.json &
+        # dask cuda worker --scheduler-file sched.json --rmm-pool-size 16GB &
     python benchmarks/bench_transfer.py --best benchmarks/results/transfer_gpu.json
 """
 
@@ -46,31 +56,68 @@ def _peer_access() -> dict:
             for a in range(n) for b in range(n) if a != b}
 
 
-def measure(protocol: str, rmm: str, nbytes: int, repeats: int) -> dict:
-    from clusters import rmm_options
-    from distributed import Client, wait
+def transfers(client, sizes: list[int], repeats: int) -> list[dict]:
+    """Per size in ``sizes`` (bytes), from the first worker to the second of ``client``:
+    one warm-up transfer, then ``repeats`` timed ones; each block is made anew on the
+    sender (``pure=False``), so no transfer finds the block already there."""
+    from distributed import wait
 
-    import src_dask
-
-    with src_dask.cluster(gpus=2, protocol=protocol, **rmm_options(rmm)) as cluster, \
-            Client(cluster) as client:
-        w0, w1 = sorted(client.scheduler_info()["workers"])
+    w0, w1 = sorted(client.scheduler_info()["workers"])[:2]
+    out = []
+    for i, nbytes in enumerate(sizes):
         times = []
-        for r in range(repeats):
+        for r in range(repeats + 1):
             x = client.submit(_make, nbytes + r * 16, workers=[w0], pure=False)
             wait(x)
             t0 = time.perf_counter()
             client.submit(_touch, x, workers=[w1], allow_other_workers=False).result()
             times.append(time.perf_counter() - t0)
             del x
-        return {"protocol": protocol, "rmm": rmm, "bytes": nbytes, "seconds": times,
-                "best_GBps": nbytes / min(times) / 1e9}
+        warmup, timed = times[0], times[1:]
+        entry = {"bytes": nbytes, "gib": nbytes / 2**30, "first_on_cluster": i == 0,
+                 "warmup_s": warmup, "warmup_GBps": nbytes / warmup / 1e9,
+                 "seconds": timed}
+        if timed:
+            entry.update(best_GBps=nbytes / min(timed) / 1e9,
+                         mapping_s=max(0.0, warmup - min(timed)))
+        out.append(entry)
+    return out
+
+
+def measure(protocol: str, rmm: str, sizes: list[int], repeats: int) -> list[dict]:
+    """:func:`transfers` on a fresh ``src_dask.cluster(gpus=2)`` (its start not timed)."""
+    from clusters import rmm_options
+    from distributed import Client
+
+    import src_dask
+
+    options = rmm_options(rmm)
+    with src_dask.cluster(gpus=2, protocol=protocol, dashboard_address=":0",
+                          **options) as cluster, Client(cluster) as client:
+        what = f"src_dask.cluster(gpus=2, protocol={protocol!r}, {options})"
+        return [{"protocol": protocol, "rmm": rmm, "cluster": what, **e}
+                for e in transfers(client, sizes, repeats)]
+
+
+def measure_external(scheduler_file: Path, sizes: list[int], repeats: int) -> list[dict]:
+    """:func:`transfers` between the first two workers of a running cluster."""
+    from distributed import Client
+
+    with Client(scheduler_file=str(scheduler_file)) as client:
+        client.wait_for_workers(2, timeout=120)
+        protocol = client.scheduler.address.split("://")[0]
+        what = f"scheduler file {scheduler_file}: {len(client.scheduler_info()['workers'])} " \
+               "workers started outside"
+        return [{"protocol": protocol, "rmm": "as started", "cluster": what, **e}
+                for e in transfers(client, sizes, repeats)]
 
 
 def best(path: Path) -> str:
-    """``"PROTOCOL RMM"`` of the fastest run recorded in ``path`` (``tcp async`` if none)."""
+    """``"PROTOCOL RMM"`` of the fastest run recorded in ``path`` (``tcp async`` if none),
+    among the clusters this script started (an outside cluster's allocator is unknown)."""
     try:
-        runs = [r for r in json.loads(path.read_text())["runs"] if "best_GBps" in r]
+        runs = [r for r in json.loads(path.read_text())["runs"]
+                if "best_GBps" in r and r.get("rmm") in ("async", "pool")]
     except (OSError, ValueError, KeyError):
         runs = []
     top = max(runs, key=lambda r: r["best_GBps"], default={})
@@ -83,29 +130,45 @@ def main(argv: list[str] | None = None) -> None:
                    help="only print the protocol and allocator of the fastest run in JSON")
     p.add_argument("--protocol", nargs="+", default=["tcp", "ucx"])
     p.add_argument("--rmm", nargs="+", choices=("async", "pool"), default=["async"])
-    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0],
+                   help="block sizes in GiB, in order (default 1 4)")
+    p.add_argument("--scheduler-file", type=Path, default=None, metavar="PATH",
+                   help="measure between the first two workers of the cluster whose "
+                        "scheduler wrote PATH (e.g. dask cuda worker processes) instead "
+                        "of starting src_dask.cluster(gpus=2); --protocol/--rmm unused")
     args = p.parse_args(argv)
     if args.best:
         print(best(args.best))
         return
     from device import Device
 
+    sizes = [int(g * 2**30) for g in args.gib]
     record = Record("CuPy block from one GPU worker to another", Device("gpu", cluster=True),
-                    peer_access=_peer_access(), runs=[])
+                    peer_access=_peer_access(), sizes_bytes=sizes, repeats=args.repeats,
+                    runs=[])
     print(record.header())
-    for protocol in args.protocol:
-        for rmm in args.rmm:
-            try:
-                record["runs"].append(measure(protocol, rmm, int(args.gib * 2**30),
-                                              args.repeats))
-            except Exception as e:  # noqa: BLE001 - one failing still reports the others
-                record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
-    print_table(["protocol", "rmm", "best GB/s", "seconds", "error"],
-                [[r["protocol"], r["rmm"], cell(r.get("best_GBps"), ".2f"),
+    configs = ([("scheduler-file", "as started")] if args.scheduler_file else
+               [(protocol, rmm) for protocol in args.protocol for rmm in args.rmm])
+    for protocol, rmm in configs:
+        try:
+            if args.scheduler_file:
+                record["runs"] += measure_external(args.scheduler_file, sizes, args.repeats)
+            else:
+                record["runs"] += measure(protocol, rmm, sizes, args.repeats)
+        except Exception as e:  # noqa: BLE001 - one failing still reports the others
+            record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
+    print_table(["protocol", "rmm", "GiB", "warm-up s", "mapping s", "best GB/s", "seconds",
+                 "error"],
+                [[r["protocol"], r["rmm"], cell(r.get("gib"), ".0f"),
+                  cell(r.get("warmup_s"), ".3f"), cell(r.get("mapping_s"), ".3f"),
+                  cell(r.get("best_GBps"), ".2f"),
                   " ".join(f"{t:.3f}" for t in r.get("seconds", [])), r.get("error", "")]
                  for r in record["runs"]],
-                [f"{args.gib} GiB from worker 0 to worker 1; peer access: "
-                 f"{record['peer_access']}"], align="llrll")
+                ["From worker 0 to worker 1. warm-up: the first transfer of that size "
+                 "(the first on a cluster maps the sender's memory once); mapping: its "
+                 "excess over the best timed one; best and seconds: the "
+                 f"{args.repeats} timed transfers after it. Peer access: "
+                 f"{record['peer_access']}"], align="llrrrrll")
     record.write(output_path(args.out, "transfer_gpu.json"))
 
 

@@ -45,10 +45,18 @@ def host_memory() -> int:
 
 
 def rmm_options(rmm: str) -> dict[str, Any]:
-    """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (its default,
+    """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (RMM's
     stream-ordered pool) or ``"pool"`` (a classic RMM pool grown as needed, which
-    CUDA IPC between GPUs over UCX maps once)."""
-    return {} if rmm == "async" else {"rmm_async": False, "rmm_pool_size": "16GB"}
+    CUDA IPC between GPUs over UCX maps once). Both are spelt out rather than left to
+    ``src_dask.cluster``'s default, which may differ by number of GPUs; without RMM
+    installed there is nothing to choose (CuPy's own pool)."""
+    import importlib.util
+
+    if importlib.util.find_spec("rmm") is None:
+        return {}
+    if rmm == "async":
+        return {"rmm_async": True, "rmm_pool_size": None}
+    return {"rmm_async": False, "rmm_pool_size": "16GB"}
 
 
 def _fraction(limit: str) -> float | None:
