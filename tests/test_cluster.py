@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import dask
 import pytest
 from distributed import Client, LocalCluster
@@ -48,3 +50,171 @@ def test_import_needs_no_gpu_packages():
     code = ("import sys, src_dask; "
             "assert not {'cupy', 'dask_cuda', 'rmm'} & set(sys.modules), sys.modules.keys()")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- cluster() on a pretend GPU machine ---------------------------------------------------
+# has_gpu() says yes, gpu_count() says how many, and dask_cuda is a stand-in whose
+# LocalCUDACluster records what it was given; distributed_ucxx and rmm import or not
+# as each test says (a module, or None in sys.modules: an ImportError).
+class _Recorded:
+    """What ``cluster()`` passed to ``LocalCUDACluster``."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    @property
+    def kwargs(self) -> dict:
+        assert len(self.calls) == 1, self.calls
+        return self.calls[0]
+
+
+@pytest.fixture
+def gpus(monkeypatch, tmp_path):
+    """``gpus(n, ucx=True, rmm=True)``: a machine with n GPUs, where distributed_ucxx and
+    rmm import (or not); returns ``start(**options)``, which runs ``cluster`` (spilling
+    under tmp_path) and returns the keyword arguments LocalCUDACluster got."""
+    import sys
+    import types
+
+    recorded = _Recorded()
+
+    class LocalCUDACluster:
+        def __init__(self, **kwargs):
+            recorded.calls.append(kwargs)
+
+        async def _close(self):
+            pass
+
+    fake = types.ModuleType("dask_cuda")
+    fake.LocalCUDACluster = LocalCUDACluster
+    monkeypatch.setitem(sys.modules, "dask_cuda", fake)
+    monkeypatch.setattr(C, "has_gpu", lambda: True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def machine(n: int, ucx: bool = True, rmm: bool = True):
+        monkeypatch.setattr(C, "gpu_count", lambda: n)
+        for name, present in (("distributed_ucxx", ucx), ("rmm", rmm)):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name) if present else None)
+
+        def start(**options) -> dict:
+            recorded.calls.clear()
+            started = src_dask.cluster(local_directory=str(tmp_path), **options)
+            started._src_dask_spill()  # its private spill folder, removed at once
+            return recorded.kwargs
+
+        return start
+
+    return machine
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "src_dask" and r.levelno >= logging.WARNING]
+
+
+POOL = {"rmm_async": False, "rmm_pool_size": 0.8, "rmm_maximum_pool_size": 0.9,
+        "rmm_allocator_external_lib_list": ["cupy"]}
+
+
+def _rmm(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k.startswith("rmm_")}
+
+
+def test_several_gpus_default_to_ucx_and_an_rmm_pool(gpus, caplog):
+    start = gpus(2)
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        kw = start()
+    assert kw["protocol"] == "ucx" and _rmm(kw) == POOL
+    assert kw["host"] == "127.0.0.1" and kw["device_memory_limit"] == 0.8
+    assert kw["threads_per_worker"] == 4 and "CUDA_VISIBLE_DEVICES" not in kw
+    assert not _warnings(caplog)
+    info = " ".join(r.getMessage() for r in caplog.records if r.name == "src_dask")
+    assert "2 GPUs over ucx with an RMM pool" in info
+    assert "UCX listens on every network interface" in info  # host does not bind UCX
+
+
+def test_the_pool_holds_what_a_worker_keeps_before_spilling(gpus):
+    start = gpus(4)
+    assert _rmm(start(device_memory_limit=0.5))["rmm_pool_size"] == 0.5
+    kw = _rmm(start(device_memory_limit=0.95))  # above the usual maximum: grows to it
+    assert (kw["rmm_pool_size"], kw["rmm_maximum_pool_size"]) == (0.9, 0.95)
+    kw = _rmm(start(device_memory_limit="40GB"))  # bytes: the pool may grow to the device
+    assert kw["rmm_pool_size"] == "40GB" and "rmm_maximum_pool_size" not in kw
+    for no_spilling in (None, 0, "auto"):
+        kw = _rmm(start(device_memory_limit=no_spilling))
+        assert (kw["rmm_pool_size"], kw["rmm_maximum_pool_size"]) == (0.9, 0.9)
+
+
+@pytest.mark.parametrize("ucx, rmm", [(False, True), (True, False), (False, False)])
+def test_several_gpus_without_ucx_or_rmm_fall_back_to_tcp_with_one_warning(gpus, caplog,
+                                                                            ucx, rmm):
+    start = gpus(2, ucx=ucx, rmm=rmm)
+    kw = start()
+    assert kw["protocol"] == "tcp"
+    assert _rmm(kw) == ({"rmm_async": True, "rmm_allocator_external_lib_list": ["cupy"]}
+                        if rmm else {})
+    (warning,) = _warnings(caplog)
+    assert "exchange data over TCP" in warning and "'gpu' extra" in warning
+    assert "distributed-ucxx-cu13" in warning and "protocol='tcp'" in warning
+    assert ("distributed_ucxx does not import" in warning) is not ucx
+    assert ("rmm does not import" in warning) is not rmm
+
+
+@pytest.mark.parametrize("machine, options", [
+    (1, {}),                          # one GPU
+    (2, {"gpus": 1}),                 # one of two
+    (2, {"gpus": [1]}),
+    (3, {"n_workers": 1}),
+])
+def test_one_gpu_keeps_tcp_and_rmm_async(gpus, caplog, machine, options):
+    start = gpus(machine, ucx=False)  # no warning about UCX either: it is not needed
+    kw = start(**options)
+    assert kw["protocol"] == "tcp"
+    assert _rmm(kw) == {"rmm_async": True, "rmm_allocator_external_lib_list": ["cupy"]}
+    assert not _warnings(caplog)
+
+
+def test_gpus_picks_among_the_visible_devices(gpus, monkeypatch):
+    start = gpus(3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    kw = start(gpus=2)
+    assert kw["CUDA_VISIBLE_DEVICES"] == "3,5" and kw["protocol"] == "ucx"
+
+
+def test_explicit_arguments_win(gpus, caplog):
+    start = gpus(2)
+    kw = start(protocol="tcp")  # TCP on purpose: RMM's async allocator, as before
+    assert kw["protocol"] == "tcp" and kw["rmm_async"] is True
+    assert "rmm_pool_size" not in kw
+    kw = start(rmm_async=True)  # UCX, but the allocator asked for
+    assert kw["protocol"] == "ucx" and kw["rmm_async"] is True
+    assert "rmm_pool_size" not in kw and "rmm_maximum_pool_size" not in kw
+    kw = start(rmm_pool_size="24GB")  # the caller's pool, dask-cuda's maximum
+    assert _rmm(kw) == {"rmm_async": False, "rmm_pool_size": "24GB",
+                        "rmm_allocator_external_lib_list": ["cupy"]}
+    kw = start(rmm_pool_size=0.5, rmm_maximum_pool_size=0.6,
+               rmm_allocator_external_lib_list=["cupy", "numba"])
+    assert _rmm(kw) == {"rmm_async": False, "rmm_pool_size": 0.5,
+                        "rmm_maximum_pool_size": 0.6,
+                        "rmm_allocator_external_lib_list": ["cupy", "numba"]}
+    kw = start(protocol="tcp", rmm_pool_size="8GB")  # a pool over TCP: not async
+    assert kw["protocol"] == "tcp" and kw["rmm_async"] is False
+    kw = gpus(1)(protocol="ucx")  # UCX asked for on one GPU: with the pool
+    assert kw["protocol"] == "ucx" and _rmm(kw) == POOL
+    kw = gpus(2, ucx=False)(protocol="ucx")  # asked for: no fallback (Dask will say why)
+    assert kw["protocol"] == "ucx"
+    assert not _warnings(caplog)
+
+
+def test_tls_wins_over_ucx(gpus, caplog):
+    from distributed import Security
+
+    start = gpus(2)
+    kw = start(security=Security(require_encryption=True))
+    assert kw["protocol"] == "tls" and kw["rmm_async"] is True
+    assert not _warnings(caplog)
+    with dask.config.set({"distributed.comm.require-encryption": True}):
+        with pytest.raises(ValueError, match="cannot encrypt, but security requires"):
+            start(protocol="ucx")
+    with pytest.raises(ValueError, match="cannot encrypt"):
+        start(protocol="ucx://", security=Security(require_encryption=True))
