@@ -19,11 +19,22 @@
 #   stack2     bench_transfer.py (LINK="tcp async" skips it), then both stack sizes on 2
 #              GPUs over the fastest link; needs the UCX wheels and stack1's inputs
 #   kernels    profile_kernels.py: one site's kernels against their FLOP floor
-# mpo, mpo1000, stackq and stack1 need quimb. Wheels: ../shared/tools/device-wheels
-# --ucx --quimb, carried in .whl/ (installed by .whl/install.sh when present).
-# Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS.
+#   x2         the two-GPU comparison (nvidia-h200-x2), in order: bench_transfer.py over
+#              UCX with an RMM pool, 1 and 4 GiB blocks, warm-up (IPC mapping) apart
+#              (transfer_gpu.json), then TCP at 1 GiB for contrast (transfer_gpu_tcp.json);
+#              bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
+#              and src-method on $SRCM_DEVICES GPUs (default 2) in one run
+#              (stack_gpu_dm1000_x2.json); then D_M=2000/chi_out=1000 the same, its
+#              1-worker run with --device-memory-limit 0.5 and the rest merged into the
+#              same record (stack_gpu_dm2000_x2.json). Each stack run is limited to
+#              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min
+# mpo, mpo1000, stackq and stack1 need quimb, x2 needs the UCX wheels and src-method.
+# Wheels: ../shared/tools/device-wheels --ucx --quimb (x2: --ucx --src-method), carried
+# in .whl/ (installed by .whl/install.sh when present).
+# Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS (STACK_TIMEOUT: seconds per stack run
+# of the other parts, default 420).
 set -uo pipefail
-parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels"
+parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2"
 for part in ${PART:-tests reference}; do
     case " $parts " in
     *" $part "*) ;;
@@ -90,7 +101,8 @@ part_kernels() {
 stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one record
     local name=$1 dm=$2 chi=$3
     shift 3
-    run "stack $name" "bench_stack_dm$dm.log" timeout 420 python3 benchmarks/bench_stack.py \
+    run "stack $name" "bench_stack_dm$dm.log" timeout "${STACK_TIMEOUT:-420}" \
+        python3 benchmarks/bench_stack.py \
         --dm "$dm" --chi-out "$chi" --modes memory --quimb no --workdir "/tmp/sb$dm" \
         --out "$OUT/stack_gpu_$name.json" ${STACK_ARGS:-} "$@"
 }
@@ -117,6 +129,20 @@ part_stack2() {  # two GPUs over the fastest link (inputs from stack1 reused)
     step "2-GPU runs: $proto, RMM $rmm"
     stack dm1000_w2 1000 500 --workers 2 --protocol "$proto" --rmm "$rmm"
     stack dm2000_w2 2000 1000 --workers 2 --protocol "$proto" --rmm "$rmm" --no-compare
+}
+
+part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-method
+    run "transfer ucx" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
+        --protocol ucx --rmm pool --gib 1 4 --out "$OUT/transfer_gpu.json"
+    run "transfer tcp" bench_transfer.log timeout 180 python3 benchmarks/bench_transfer.py \
+        --protocol tcp --rmm pool --gib 1 --repeats 2 --out "$OUT/transfer_gpu_tcp.json"
+    local STACK_TIMEOUT=${X2_TIMEOUT:-900} link=(--protocol ucx --rmm pool)
+    # shellcheck disable=SC2086  # SRCM_DEVICES may list several counts
+    stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2}
+    stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare --device-memory-limit 0.5
+    # shellcheck disable=SC2086
+    stack dm2000_x2 2000 1000 --workers 2 "${link[@]}" --no-compare --merge \
+        --src-method-devices ${SRCM_DEVICES:-2}
 }
 
 for part in ${PART:-tests reference}; do
