@@ -33,8 +33,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=("tcp", "ucx"), default="tcp",
                    help="between GPU workers (ucx: NVLink/CUDA IPC, needs distributed-ucxx)")
     p.add_argument("--rmm", choices=("async", "pool"), default="async",
-                   help="GPU allocator: RMM's async pool (src_dask.cluster's default) or a "
-                        "classic RMM pool (CUDA IPC between GPUs over UCX maps it once)")
+                   help="GPU allocator, passed explicitly: RMM's async pool or a classic "
+                        "RMM pool sized as src_dask.cluster sizes it under UCX (CUDA IPC "
+                        "between GPUs over UCX maps it once)")
     p.add_argument("--threads-per-worker", type=int, default=None,
                    help="threads of each GPU worker (default: src_dask.cluster's, 4)")
 
@@ -44,19 +45,28 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def rmm_options(rmm: str) -> dict[str, Any]:
+def rmm_options(rmm: str, device_memory_limit: Any = 0.8) -> dict[str, Any]:
     """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (RMM's
-    stream-ordered pool) or ``"pool"`` (a classic RMM pool grown as needed, which
-    CUDA IPC between GPUs over UCX maps once). Both are spelt out rather than left to
-    ``src_dask.cluster``'s default, which may differ by number of GPUs; without RMM
-    installed there is nothing to choose (CuPy's own pool)."""
+    stream-ordered pool) or ``"pool"`` (a classic RMM pool, which CUDA IPC between GPUs
+    over UCX maps once), spelt out rather than left to ``src_dask.cluster``'s default,
+    which depends on the number of GPUs and the protocol. The pool is sized as
+    ``src_dask.cluster`` sizes its UCX pools for ``device_memory_limit`` (starting at
+    that limit, growing to most of the device), or starts at 16 GB and grows where
+    this src_dask has no such sizing. Without RMM there is nothing to choose (CuPy's
+    own pool)."""
     import importlib.util
 
     if importlib.util.find_spec("rmm") is None:
         return {}
     if rmm == "async":
         return {"rmm_async": True, "rmm_pool_size": None}
-    return {"rmm_async": False, "rmm_pool_size": "16GB"}
+    try:
+        from src_dask._cluster import rmm_pool
+    except ImportError:
+        return {"rmm_async": False, "rmm_pool_size": "16GB"}
+    size, maximum = rmm_pool(device_memory_limit)
+    return {"rmm_async": False, "rmm_pool_size": size,
+            **({"rmm_maximum_pool_size": maximum} if maximum is not None else {})}
 
 
 def _fraction(limit: str) -> float | None:
@@ -122,15 +132,16 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace, work
             yield client, f"{n_workers} dask cuda worker processes sharing one GPU"
         return
     if device.is_gpu:
-        options = rmm_options(args.rmm)
+        options = rmm_options(args.rmm, args.device_memory_limit)
+        allocator = ", ".join(f"{k}={v!r}" for k, v in options.items())
         if args.threads_per_worker:
             options["threads_per_worker"] = args.threads_per_worker
         cluster = src_dask.cluster(gpus=n_workers, device_memory_limit=args.device_memory_limit,
                                    memory_limit=args.memory_limit, protocol=args.protocol,
                                    local_directory=str(local), dashboard_address=":0", **options)
         what = (f"src_dask.cluster(gpus={n_workers}, protocol={args.protocol!r}, "
-                f"rmm={args.rmm!r}, threads_per_worker={args.threads_per_worker or 4}): "
-                "LocalCUDACluster")
+                f"rmm={args.rmm!r} ({allocator or 'no rmm'}), "
+                f"threads_per_worker={args.threads_per_worker or 4}): LocalCUDACluster")
     elif device.gpus:  # --device cpu on a GPU machine: src_dask.cluster would use the GPUs
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
                                memory_limit=args.memory_limit, local_directory=str(local),
