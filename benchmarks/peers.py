@@ -123,6 +123,21 @@ class _SweepLog(logging.Handler):
         log.propagate = self.before[1]
 
 
+def free_pools(device: Device, n_devices: int) -> None:
+    """Return the blocks CuPy's pools cache on the first ``n_devices`` GPUs (src-method
+    allocates on each from this process; :meth:`Device.free_pool` frees only the
+    current one)."""
+    if not device.is_gpu:
+        return
+    import cupy
+
+    for d in range(n_devices):
+        with cupy.cuda.Device(d):
+            cupy.cuda.Device(d).synchronize()
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
 def run_srcmethod(sm, host: list[list[np.ndarray]], n_devices: int, args,
                   device: Device) -> tuple[dict[str, Any], list[np.ndarray]]:
     """src-method on ``n_devices`` (GPUs, or simulated devices on the CPU): a warm-up on
@@ -139,18 +154,20 @@ def run_srcmethod(sm, host: list[list[np.ndarray]], n_devices: int, args,
         t0 = time.perf_counter()
         call([t.to_numpy() for t in tiny_stack(args.phys)], 4, 0)
         warm = time.perf_counter() - t0
-        device.free_pool()
+        free_pools(device, n_devices)
         with PeakMemory(device) as memory:
             timing, result = best_of(lambda: call(host, args.chi_out, args.seed),
                                      args.repeats, sync=device.sync, setup=log.reset,
                                      warmup=args.full_warmup)
         profile = log.profile()
-    device.free_pool()
+    free_pools(device, n_devices)
     what = (f"src_method {getattr(sm, '__version__', '?')}.src(device={where!r}, "
             f"Resources(devices={n_devices})) in this process"
             + ("" if device.is_gpu else ": devices simulated on the CPU"))
     return {"peer": "src-method", "devices": n_devices, "cluster": what, **timing,
             "memory": memory.result(),
+            "memory_note": "device memory: NVML's reading of the first GPU only (src-method "
+                           "uses the first n); host: this process",
             "spill_note": "one process, no Dask spilling: src-method places its "
                           "environments itself (device, host or disk tiers: profile.log's "
                           "plan line)",
@@ -229,7 +246,7 @@ def time_peers(trains, args, device: Device, ours=None, ours_key: str | None = N
         try:
             entry, result = run_srcmethod(sm, host, n, args, device)
         except Exception as err:  # noqa: BLE001 - out of memory, a CUDA error: recorded
-            device.free_pool()
+            free_pools(device, n)
             entries[key] = {"peer": "src-method", "devices": n,
                             "failed": f"{type(err).__name__}: {err}"}
             print(f"{key}: failed, {entries[key]['failed']}", flush=True)
