@@ -1,8 +1,13 @@
-"""Cluster helpers and the choice of device, on a machine without a GPU."""
+"""Cluster helpers and the choice of device, on a machine without a GPU (GPU clusters
+on a pretend one), and examples/slurm/two_nodes_local.sh with CPU workers."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import dask
 import pytest
@@ -44,9 +49,6 @@ def test_device_choice(monkeypatch):
 
 
 def test_import_needs_no_gpu_packages():
-    import subprocess
-    import sys
-
     code = ("import sys, src_dask; "
             "assert not {'cupy', 'dask_cuda', 'rmm'} & set(sys.modules), sys.modules.keys()")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -218,3 +220,43 @@ def test_tls_wins_over_ucx(gpus, caplog):
             start(protocol="ucx")
     with pytest.raises(ValueError, match="cannot encrypt"):
         start(protocol="ucx://", security=Security(require_encryption=True))
+
+
+# -- examples/slurm/two_nodes_local.sh ------------------------------------------------------
+SLURM = Path(__file__).resolve().parent.parent / "examples" / "slurm"
+
+
+def test_two_nodes_script_is_valid_bash():
+    subprocess.run(["bash", "-n", str(SLURM / "two_nodes_local.sh")], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_nodes_script_runs_with_cpu_workers(tmp_path):
+    """The script's flow with `dask worker` for `dask cuda worker`: scheduler, two
+    workers, generate, run on them, and nothing of it left running afterwards."""
+    import importlib.util
+
+    import psutil
+
+    env = {**os.environ, "WORKER": "dask worker", "THREADS": "1",
+           "SITES": "6", "BOND": "4", "CHI_OUT": "16",  # chi_out 16: the exact product
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    ucx = importlib.util.find_spec("distributed_ucxx") is not None
+    if ucx:
+        env["PROTOCOL"] = "tcp"
+    else:  # the fallback: tcp, saying so
+        env.pop("PROTOCOL", None)
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(SLURM / "two_nodes_local.sh"), str(out)], env=env,
+                         capture_output=True, text=True, timeout=220, check=False)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert "protocol tcp" in res.stderr and "done: result in" in res.stderr
+    assert ("WARNING: distributed_ucxx or rmm does not import" in res.stderr) is not ucx
+    assert "node0" in res.stderr and "node1" in res.stderr and "(2 workers)" in res.stderr
+    y = src_dask.open(out / "y.zarr")
+    a, x = src_dask.open(out / "in" / "mpo"), src_dask.open(out / "in" / "mps")
+    assert rel_err(y, dense_product(a, x)) <= 1e-10
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+            if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
