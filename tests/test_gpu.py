@@ -284,3 +284,72 @@ def test_resume_on_the_gpu(tmp_path):
         K.pass2_step = original
     y = _on("gpu", a, x, chi_out=24, seed=2, chunk=8, oversample=4, store=tmp_path / "r")
     _same(y, ref)
+
+
+# -- several GPUs (the nvidia-h200-x2 machine) ---------------------------------------------
+@pytest.fixture
+def two_gpus() -> None:
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+
+
+def test_split_pass_2_on_two_gpus(tmp_path, two_gpus):
+    """Pass 2 split by rows of Z over two GPU workers (the default on several GPUs)
+    gives the one-GPU cores, in memory and with a run store, Z whole or in row
+    blocks; both workers project and update rows, one runs the QR."""
+    from distributed import Client, get_task_stream
+    from distributed.utils import key_split
+
+    trains = STACKS["mpo.mpo.mps"](np.complex128)
+    opts = dict(chi_out=24, seed=3, chunk=10)
+    ref = _on("gpu", *trains, **opts)
+    with src_dask.cluster(gpus=2, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        with get_task_stream(client=client) as stream:
+            y = src_dask.src(*trains, client=client, **opts)
+        with dask.config.set({"src_dask.projection-block-size": 16 * 64}):
+            stored = src_dask.src(*trains, client=client, store=tmp_path / "run", **opts)
+    ran: dict = {}
+    for t in stream.data:
+        if key_split(t["key"]).startswith("pass2"):
+            ran.setdefault(t["key"][1], set()).add(t["worker"])
+    assert len(ran["project"]) == len(ran["update"]) == 2 and len(ran["qr"]) == 1
+    _same(y, ref)
+    _same(stored, ref)
+
+
+def test_gpu_blocks_move_between_workers_over_ucx(two_gpus):
+    """The transfer path of split pass 2: a CuPy block made on one GPU worker reaches
+    the other by an ordinary task dependency, over UCX (what ``src_dask.cluster``
+    starts on several GPUs when UCX is installed), as a CuPy array on that worker's
+    own GPU, allocated from an RMM pool."""
+    pytest.importorskip("distributed_ucxx")
+    from distributed import Client
+
+    def make(n):
+        import cupy
+
+        return cupy.arange(n, dtype=cupy.complex128)
+
+    def where(x):
+        import cupy
+        import rmm
+
+        resource = type(rmm.mr.get_current_device_resource()).__name__
+        return (type(x).__module__.split(".")[0], cupy.cuda.runtime.getDevice(),
+                os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0],
+                float(x.real.sum()), resource)
+
+    with src_dask.cluster(gpus=2, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert client.scheduler.address.startswith("ucx://")
+        w0, w1 = sorted(client.scheduler_info()["workers"])
+        n = 1 << 24  # 256 MiB
+        block = client.submit(make, n, workers=[w0], pure=False)
+        seen = client.submit(where, block, workers=[w1], allow_other_workers=False).result()
+        home = client.submit(where, block, workers=[w0]).result()
+    assert seen[0] == "cupy" and seen[3] == n * (n - 1) / 2
+    assert seen[2] != home[2]  # the other GPU
+    assert "Pool" in seen[4] or "pool" in seen[4].lower()
