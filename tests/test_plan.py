@@ -114,6 +114,9 @@ def test_sweep_plan_decides_once_per_stack_and_workers():
     assert max(sweep.z_blocks) > 1 and sweep.z_blocks[-1] == 1
     gpu = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["w0", "w1"])
     assert gpu.groups == 2 and gpu.pass2.split and not gpu.copy_inputs
+    assert gpu.own_streams and not sweep.own_streams  # see _plan.own_streams
+    one = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["w0"])
+    assert not one.own_streams and not one.pass2.split
     # split: every site whose Z has rows enough has a row block per worker
     assert all(b >= min(2, _plan.z_rows(stack, plan, j)) for j, b in enumerate(gpu.z_blocks))
     ucx = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["ucx://a:1", "ucx://b:2"])

@@ -110,6 +110,7 @@ class SweepPlan:
     workers: tuple[str, ...]
     groups: int  # workers that prepare their own copy of the inputs
     copy_inputs: bool  # each site read by one of them, copied to the others (a fast link)
+    own_streams: bool  # each task's kernels on a stream of its own, waited for (own_streams)
     lookahead: int  # sites ahead of their use that inputs are read
     z_blocks: tuple[int, ...]  # row blocks of each site's projected core
     pass2: Pass2
@@ -126,6 +127,7 @@ class SweepPlan:
                       for j, b in enumerate(blocks)]
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
+                   own_streams=own_streams(plan.device, workers),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2)
 
 
@@ -195,6 +197,17 @@ def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
     faster."""
     return (device == "gpu" and len(workers) > 1
             and all(str(w).startswith("ucx://") for w in workers))
+
+
+def own_streams(device: str, workers: tuple[str, ...]) -> bool:
+    """Whether each task runs its kernels on a non-blocking stream of its thread and
+    waits for them before it ends: on several GPU workers. Dask's UCX comm
+    synchronizes the default stream before it sends GPU data, on the worker's event
+    loop, so with kernels queued there every transfer (and every message of that
+    worker meanwhile) would wait for the whole queue of its GPU; kernels on
+    non-blocking streams are not waited for, and a task's result is complete when
+    it ends. One GPU keeps tasks that only queue kernels (nothing is sent)."""
+    return device == "gpu" and len(workers) > 1
 
 
 def row_owner(block: int, blocks: int, workers: int) -> int:

@@ -36,6 +36,18 @@ def _copy_stream() -> Any:
     return stream
 
 
+def task_stream() -> Any:
+    """This thread's stream for the kernels of tasks that must not be waited for by
+    others' synchronisations of the default stream (non-blocking, see
+    ``SweepPlan.own_streams``)."""
+    import cupy
+
+    stream = getattr(_local, "kernels", None)
+    if stream is None:
+        stream = _local.kernels = cupy.cuda.Stream(non_blocking=True)
+    return stream
+
+
 def to_device(x: Any) -> Any:
     """``x`` as a CuPy array; a NumPy array goes through pinned memory on this
     thread's copy stream, and nothing waits on the host for the copy."""

@@ -35,7 +35,10 @@ class GraphBuilder:
     def add(self, key: Any, func, /, *deps: Any, **static: Any) -> Any:
         """Add ``func(*deps, **static)``; ``deps`` are keys (or lists of keys, or None),
         or in-memory arrays (from :meth:`array`)."""
-        self.tasks[key] = (partial(func, **static) if static else func, *deps)
+        func = partial(func, **static) if static else func
+        if self.sweep.own_streams:
+            func = partial(tasks.on_own_stream, func)
+        self.tasks[key] = (func, *deps)
         return key
 
     def pin(self, key: Any, block: int) -> Any:

@@ -17,6 +17,16 @@ from .. import _kernels as K
 from .._runstore import RunStore
 
 
+def on_own_stream(func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)`` with its GPU kernels on this thread's own non-blocking stream,
+    waited for before the task ends (``SweepPlan.own_streams``)."""
+    stream = _transfer.task_stream()
+    with stream:
+        out = func(*args)
+    stream.synchronize()
+    return out
+
+
 def is_stored(x: Any) -> bool:
     """A stored array read whole by a task of its own: Zarr, or a verified one
     (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk)."""
