@@ -191,12 +191,14 @@ def input_groups(device: str, workers: int) -> int:
 
 def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
     """Whether each site's cores are read by one GPU worker and copied to the others
-    over the link, rather than read again by each: where Dask's comm between the
-    workers is UCX (CUDA IPC over NVLink, ~170 GB/s, docs/design.md §6.2), a copy
-    costs milliseconds and halves the reading; over TCP (~1 GB/s) reading again is
-    faster."""
-    return (device == "gpu" and len(workers) > 1
-            and all(str(w).startswith("ucx://") for w in workers))
+    over the link, rather than read again by each (config ``copy-inputs``; ``auto``:
+    where Dask's comm between the workers is UCX — CUDA IPC over NVLink, ~170 GB/s,
+    docs/design.md §6.2 — a copy costs milliseconds and halves the reading; over TCP,
+    ~1 GB/s, reading again is faster)."""
+    want = config.get_choice("copy-inputs", ("auto", True, False))
+    if device != "gpu" or len(workers) < 2:
+        return False
+    return all(str(w).startswith("ucx://") for w in workers) if want == "auto" else want
 
 
 def own_streams(device: str, workers: tuple[str, ...]) -> bool:

@@ -10,6 +10,7 @@ key                        meaning
 ``keep-inputs-fraction``   ``auto`` keeps them up to this share of a worker's memory
 ``block-size``             largest environment block a default ``chunk`` aims for
 ``projection-block-size``  largest projected core made in one piece
+``copy-inputs``            ``auto``, ``true`` or ``false``: inputs copied between GPUs
 ``pass2-split``            ``auto``, ``true`` or ``false``: pass 2 split by rows of ``Z``
 =========================  =======================================================
 """
