@@ -348,8 +348,8 @@ def test_gpu_blocks_move_between_workers_over_ucx(two_gpus):
         w0, w1 = sorted(client.scheduler_info()["workers"])
         n = 1 << 24  # 256 MiB
         block = client.submit(make, n, workers=[w0], pure=False)
-        seen = client.submit(where, block, workers=[w1], allow_other_workers=False).result()
-        home = client.submit(where, block, workers=[w0]).result()
+        seen = client.submit(where, block, workers=[w1], pure=False).result()
+        home = client.submit(where, block, workers=[w0], pure=False).result()
     assert seen[0] == "cupy" and seen[3] == n * (n - 1) / 2
     assert seen[2] != home[2]  # the other GPU
     assert "Pool" in seen[4] or "pool" in seen[4].lower()
