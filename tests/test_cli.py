@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -357,6 +358,10 @@ def test_bad_input_is_one_line_and_exit_1(problem, tmp_path, capsys):
      "--tls-ca-file, --tls-cert and --tls-key go together (missing --tls-ca-file, --tls-key)"),
     (["run", "A", "--chi-out", "4", "--out", "y", "--tls-ca-file", "a", "--tls-cert", "b",
       "--tls-key", "c"], "TLS is for a cluster"),
+    (["run", "A", "--chi-out", "4", "--out", "y", "--workers", "2", "--protocol", "ucx"],
+     "--protocol: chooses how the GPUs of --gpus N talk"),
+    (["run", "A", "--chi-out", "4", "--out", "y", "--gpus", "2", "--protocol", "rdma"],
+     "invalid choice"),
     (["generate", "mps", "x", "--dm", "3"], "--dm does not apply to 'mps'"),
     (["generate", "cube", "x"], "invalid choice"),
     (["frobnicate"], "invalid choice"),
@@ -386,6 +391,29 @@ def test_gpus_without_a_gpu_is_a_clear_error(problem, tmp_path, capsys):
     assert main(["run", str(a), str(x), "--chi-out", "4", "--gpus", "1",
                  "--out", str(tmp_path / "y")]) == 1
     assert "--gpus: no usable GPU" in error_line(capsys)
+
+
+def test_protocol_reaches_the_gpu_cluster(problem, tmp_path, monkeypatch):
+    """``--gpus N --protocol tcp`` starts ``src_dask.cluster(gpus=N, protocol="tcp")``
+    (a CPU cluster stands in for it here)."""
+    from distributed import LocalCluster
+
+    from src_dask import _cluster
+
+    seen = {}
+
+    def fake_cluster(gpus, protocol=None, **options):
+        seen.update(gpus=gpus, protocol=protocol, host=options["host"])
+        return _cluster.start_local(LocalCluster, n_workers=1, threads_per_worker=1,
+                                    **options)
+
+    monkeypatch.setattr(_cluster, "cluster", fake_cluster)
+    monkeypatch.setattr(_cluster, "has_gpu", lambda: True)
+    a, x = problem
+    with dask.config.set({"src_dask.device": "cpu"}):  # the stand-in has no GPU
+        assert main(["run", str(a), str(x), "--chi-out", "4", "--gpus", "2", "--protocol",
+                     "tcp", "--out", str(tmp_path / "y"), "--no-progress"]) == 0
+    assert seen == {"gpus": 2, "protocol": "tcp", "host": "127.0.0.1"}
 
 
 def test_module_help_in_a_subprocess():

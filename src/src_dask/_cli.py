@@ -507,7 +507,7 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
 
         def start() -> Any:
             if args.gpus is not None:
-                return cluster(gpus=args.gpus, **options)
+                return cluster(gpus=args.gpus, protocol=args.protocol, **options)
             return start_local(LocalCluster, n_workers=args.workers,
                                threads_per_worker=args.threads, **options)
 
@@ -547,6 +547,8 @@ def run(args: argparse.Namespace) -> int:
     import src_dask
 
     args.security = _security(args)  # usage errors first
+    if args.protocol is not None and args.gpus is None:
+        args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
     out = os.path.realpath(args.out)
     trains = _open_inputs(args.trains)  # lazily: nothing is read yet
     for train in trains:  # --out must not write over (or around) an input
@@ -857,6 +859,10 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
                        help="start a local CPU cluster of N worker processes")
     p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
                    help="--workers: threads per worker (default 1)")
+    p.add_argument("--protocol", choices=("ucx", "tcp"), default=None,
+                   help="--gpus: how the GPUs talk (default: ucx on several GPUs when it is "
+                   "installed, at NVLink speed, but it listens on every network interface "
+                   "without authentication; tcp stays on --host, at about 1 GB/s)")
     p.add_argument("--memory-limit", default="auto", metavar="BYTES",
                    help="--gpus/--workers: host memory per worker before spilling to disk "
                    "(default auto)")

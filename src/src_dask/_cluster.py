@@ -162,6 +162,13 @@ def _transport(workers: int, protocol: str | None, security: Any, device_memory_
                     "without this warning.", workers, " and ".join(missing), _UCX_PACKAGES)
             else:
                 protocol = "ucx"
+                log.warning(
+                    "cluster: %d GPUs talk over UCX (60-190 GB/s between GPUs against about "
+                    "1 GB/s over TCP). UCX listens on every network interface whatever "
+                    "host=%r says, without TLS or authentication: whoever can reach this "
+                    "machine can connect and run code as you. Pass protocol='ucx' to choose "
+                    "it knowingly (no warning), or protocol='tcp' to keep the cluster on %s.",
+                    workers, host, host)
     if rmm_missing:
         log.info("cluster: rmm does not import (%s); CuPy uses its own memory pool",
                  rmm_missing)
