@@ -65,23 +65,36 @@ def transfers(client, sizes: list[int], repeats: int) -> list[dict]:
     w0, w1 = sorted(client.scheduler_info()["workers"])[:2]
     out = []
     for i, nbytes in enumerate(sizes):
-        times = []
+        times, links = [], []
         for r in range(repeats + 1):
             x = client.submit(_make, nbytes + r * 16, workers=[w0], pure=False)
             wait(x)
             t0 = time.perf_counter()
             client.submit(_touch, x, workers=[w1], allow_other_workers=False).result()
             times.append(time.perf_counter() - t0)
+            links.append(client.run(_link_seconds, x.key, workers=[w1])[w1])
             del x
         warmup, timed = times[0], times[1:]
         entry = {"bytes": nbytes, "gib": nbytes / 2**30, "first_on_cluster": i == 0,
                  "warmup_s": warmup, "warmup_GBps": nbytes / warmup / 1e9,
-                 "seconds": timed}
+                 "seconds": timed, "link_warmup_s": links[0], "link_seconds": links[1:]}
         if timed:
             entry.update(best_GBps=nbytes / min(timed) / 1e9,
                          mapping_s=max(0.0, warmup - min(timed)))
+        if [t for t in links[1:] if t]:
+            entry["link_best_GBps"] = nbytes / min(t for t in links[1:] if t) / 1e9
         out.append(entry)
     return out
+
+
+def _link_seconds(key, dask_worker=None) -> float | None:
+    """How long the receiving worker's fetch of ``key`` took, from its transfer log
+    (the dependency's transfer alone: request, data, deserialization; not the
+    scheduling of the tasks around it)."""
+    for entry in reversed(dask_worker.transfer_incoming_log):
+        if key in entry["keys"]:
+            return float(entry["duration"])
+    return None
 
 
 def measure(protocol: str, rmm: str, sizes: list[int], repeats: int) -> list[dict]:
@@ -157,18 +170,20 @@ def main(argv: list[str] | None = None) -> None:
                 record["runs"] += measure(protocol, rmm, sizes, args.repeats)
         except Exception as e:  # noqa: BLE001 - one failing still reports the others
             record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
-    print_table(["protocol", "rmm", "GiB", "warm-up s", "mapping s", "best GB/s", "seconds",
-                 "error"],
+    print_table(["protocol", "rmm", "GiB", "warm-up s", "mapping s", "best GB/s",
+                 "link GB/s", "seconds", "error"],
                 [[r["protocol"], r["rmm"], cell(r.get("gib"), ".0f"),
                   cell(r.get("warmup_s"), ".3f"), cell(r.get("mapping_s"), ".3f"),
-                  cell(r.get("best_GBps"), ".2f"),
+                  cell(r.get("best_GBps"), ".2f"), cell(r.get("link_best_GBps"), ".2f"),
                   " ".join(f"{t:.3f}" for t in r.get("seconds", [])), r.get("error", "")]
                  for r in record["runs"]],
                 ["From worker 0 to worker 1. warm-up: the first transfer of that size "
                  "(the first on a cluster maps the sender's memory once); mapping: its "
                  "excess over the best timed one; best and seconds: the "
-                 f"{args.repeats} timed transfers after it. Peer access: "
-                 f"{record['peer_access']}"], align="llrrrrll")
+                 f"{args.repeats} timed transfers after it, from submitting the task that "
+                 "needs the block to its result on the client; link: the dependency's "
+                 "transfer alone, from the receiving worker's transfer log. Peer access: "
+                 f"{record['peer_access']}"], align="llrrrrrll")
     record.write(output_path(args.out, "transfer_gpu.json"))
 
 
