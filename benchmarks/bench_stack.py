@@ -35,14 +35,20 @@ The script
    src-method's results against ours by norm ratio and distance (its sketches are
    its own); the ratios ours 2 / ours 1 worker and ours / src-method on as many
    GPUs (``ratios``, and ``ratio_to_*`` in the runs, which the targets bound);
+   and what the transfers between workers and the event loops did in the last timed
+   call (``transfers``, benchmarks/transfers.py: per transferred key's step and its
+   dependent's, with ``--transfer-detail DIR`` every transfer in a file of its own);
 7. prints a table and writes the record after every run
-   (benchmarks/results/stack_<device>_dm<D_M>.json).
+   (benchmarks/results/stack_<device>_dm<D_M>.json), then one table of transfers per
+   run.
 
     python benchmarks/bench_stack.py                           # D_M=1000, chi_out=500
     python benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --modes memory
     python benchmarks/bench_stack.py --quick --workdir /tmp/x  # 6 sites, D_M=16, chi_out=8
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
         --protocol ucx --rmm pool --src-method-devices 2       # the two-GPU comparison
+    python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
+        --protocol ucx --rmm pool --transfer-detail /tmp/out   # what holds transfers up
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from problems import (
 )
 from stack_runs import run_config, time_quimb
 from timing import profile_text
+from transfers import print_transfers
 
 #: Results larger than this are not kept on the client to compare runs' cores.
 COMPARE_MAX_BYTES = 8 * 10**9
@@ -110,6 +117,10 @@ def parse_args(argv: list[str] | None = None):
                    help="time the peer project src-method on N GPUs (each N given; "
                         "simulated devices with --device cpu), after src_dask's runs, on "
                         "the same inputs read into host memory (default: not run)")
+    p.add_argument("--transfer-detail", type=Path, default=None, metavar="DIR",
+                   help="write every transfer of each configuration's last timed call to "
+                        "DIR/transfers_w<workers>_<mode>.json (the record keeps a summary "
+                        "per key prefix and the slowest 12)")
     p.add_argument("--report", type=Path, default=None, metavar="PATH.html",
                    help="write Dask's performance report of each configuration's timed call "
                         "(PATH_w<workers>_<mode>.html): task stream, transfers, profile")
@@ -152,6 +163,9 @@ def report(record: dict[str, Any]) -> None:
     print_table(["run", "best s", "/quimb", "GFLOP/s", "of GEMM", "host GB", "device GB",
                  "spilled GB", "core diff", "cluster"], rows, legend, align="lrrrrrrrrl")
     print_targets(record.get("targets", []))
+    for key, e in record["runs"].items():
+        if e.get("transfers") and not is_peer(key):
+            print_transfers(key, e["transfers"])
 
 
 def peer_text(key: str, e: dict[str, Any]) -> str:

@@ -28,13 +28,17 @@
 #              1-worker run with --device-memory-limit 0.5 and the rest merged into the
 #              same record (stack_gpu_dm2000_x2.json). Each stack run is limited to
 #              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min
-# mpo, mpo1000, stackq and stack1 need quimb, x2 needs the UCX wheels and src-method.
+#   xfer       what holds the transfers up inside a run (nvidia-h200-x2): bench_stack.py
+#              D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool), every transfer
+#              and the event loops' stalls (stack_gpu_dm1000_xfer.json, its `transfers`
+#              field and table; each transfer in transfers_w2_memory.json); ~2 min
+# mpo, mpo1000, stackq and stack1 need quimb, x2 and xfer need the UCX wheels, x2 src-method.
 # Wheels: ../shared/tools/device-wheels --ucx --quimb (x2: --ucx --src-method), carried
 # in .whl/ (installed by .whl/install.sh when present).
 # Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS (STACK_TIMEOUT: seconds per stack run
 # of the other parts, default 420).
 set -uo pipefail
-parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2"
+parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2 xfer"
 for part in ${PART:-tests reference}; do
     case " $parts " in
     *" $part "*) ;;
@@ -143,6 +147,11 @@ part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-meth
     # shellcheck disable=SC2086
     stack dm2000_x2 2000 1000 --workers 2 "${link[@]}" --no-compare --merge \
         --src-method-devices ${SRCM_DEVICES:-2}
+}
+
+part_xfer() {  # two GPUs: every transfer of the 2-worker run, and the event loops
+    local STACK_TIMEOUT=${X2_TIMEOUT:-900}
+    stack dm1000_xfer 1000 500 --workers 1 2 --protocol ucx --rmm pool --transfer-detail "$OUT"
 }
 
 for part in ${PART:-tests reference}; do

@@ -17,6 +17,7 @@ from memory import PeakMemory
 from methods import quimb_stack_fits, run_quimb_stack
 from problems import tiny_stack
 from timing import best_of, task_profile
+from transfers import TransferWatch, write_detail
 
 
 class _KeptInputs(logging.Handler):
@@ -89,11 +90,20 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
                                 client=client, store=store, performance_report=report)
 
+        # the transfers and event loops of the last call (cleared before each, untimed)
+        watch = TransferWatch(client)
+
+        def setup() -> None:
+            remove_store()
+            watch.reset()
+
         before = clusters.spill_counters(client)
         with PeakMemory(device) as memory, get_task_stream(client=client) as stream:
             timing, result = best_of(run, args.repeats, own_cpu=clusters.cluster_cpu(client),
-                                     setup=remove_store, warmup=args.full_warmup)
+                                     setup=setup, warmup=args.full_warmup)
         spilled = clusters.spilled_between(before, clusters.spill_counters(client))
+        transfers, detail = watch.collect(stream.data)
+        write_detail(getattr(args, "transfer_detail", None), f"w{n_workers}_{mode}", detail)
         # where the time went (summed over the timed calls; one by default)
         profile = task_profile(stream.data, busy=memory.busy_between)
         # a stored result's cores are read from the store, which goes next
@@ -103,6 +113,7 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
             "keep_inputs": {"option": args.keep_inputs, "decision": kept.decision}, **timing,
             "memory": memory.result(), "spilled": spilled,
             "calls": len(timing["times_s"]) + ("warmup_s" in timing), "profile": profile,
+            "transfers": transfers,
             "cluster_startup_s": startup, "tiny_warmup_s": warm}, result
 
 
