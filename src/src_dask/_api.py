@@ -18,7 +18,8 @@ from typing import Any, TextIO
 import dask
 import dask.utils
 
-from . import _graph, _paths, _plan, _progress, _random, _runstore
+from . import _arraylike, _graph, _paths, _plan, _progress, _random, _runstore
+from . import _kernels as K
 from ._cluster import choose_device, worker_memory
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
@@ -119,7 +120,7 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     device = choose_device(client, inputs)
     chunk = min(chunk or _plan.default_chunk(stack, sketch, _plan.slots(client, device)),
                 sketch)
-    lazy = sum(c.nbytes for c in inputs if not is_in_memory(c))
+    lazy = sum(K.nbytes(c) for c in inputs if not is_in_memory(c))
     keep = _plan.keep_inputs(lazy, worker_memory(client, device) if lazy else None)
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
@@ -164,7 +165,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
     graph = _graph.build(stack, plan, workers, run, resume)
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
-    in_graph = sum(c.nbytes for f in stack.factors for c in f.train if is_in_memory(c))
+    in_graph = sum(K.nbytes(c) for f in stack.factors for c in f.train if is_in_memory(c))
     threshold = max(dask.utils.parse_bytes(
         dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
         2 * in_graph)
@@ -258,10 +259,9 @@ def _fingerprint(stack: Stack) -> list:
     """What identifies the inputs of a stored run: kinds, shapes, and a token per
     core (a hash of the data for in-memory arrays; of the graph or the store
     path and metadata for lazy ones)."""
-    from dask.base import tokenize
-
     return [[f.train.kind, f.transpose,
-             [[list(c.shape), tokenize(f.train.source(j))] for j, c in enumerate(f.train)]]
+             [[list(c.shape), _arraylike.token(f.train.source(j))]
+              for j, c in enumerate(f.train)]]
             for f in stack.factors]
 
 

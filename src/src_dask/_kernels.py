@@ -31,8 +31,16 @@ from ._transfer import is_cupy, to_device
 
 # -- array namespace ----------------------------------------------------------
 def is_in_memory(x: Any) -> bool:
-    """True for NumPy and CuPy arrays (not lazy Dask or Zarr arrays)."""
-    return isinstance(x, np.ndarray) or is_cupy(x)
+    """True for NumPy and CuPy arrays; not for lazy ones (Dask, Zarr, h5py, other
+    array-likes) nor for a ``numpy.memmap``, whose data stays in its file until a
+    site reads it."""
+    return (isinstance(x, np.ndarray) and not isinstance(x, np.memmap)) or is_cupy(x)
+
+
+def nbytes(x: Any) -> int:
+    """Bytes of ``x``'s data, from its shape and dtype (array-likes need not have
+    ``nbytes``)."""
+    return prod(int(s) for s in x.shape) * np.dtype(x.dtype).itemsize
 
 
 def xp_of(x: Any):

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import _arraylike
 from ._layout import RANKS, pad, pad_bonds, role, unpad
 from ._transfer import to_host
 
@@ -31,7 +32,9 @@ Kind = Literal["mps", "mpo"]
 
 
 def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")
+    """An array or a lazy array-like: shape, dtype, ndim, and a way to read it."""
+    return (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")
+            and _arraylike.readable(x))
 
 
 def _unknown_shape(core: Any) -> bool:
@@ -84,7 +87,8 @@ class TensorTrain(Sequence):
         for j, core in enumerate(cores):
             if not _is_array(core):
                 raise TypeError(
-                    f"{name}, site {j}: expected an array, got {type(core).__name__}"
+                    f"{name}, site {j}: expected an array (or an array-like with shape, "
+                    f"dtype, ndim and __getitem__ or __array__), got {type(core).__name__}"
                 )
         for j, core in enumerate(cores):  # before any size is used (nothing is computed)
             if _unknown_shape(core):
@@ -250,10 +254,13 @@ def _legs_text(dims: tuple[int, ...]) -> str:
 
 
 def _to_numpy(x: Any) -> np.ndarray:
-    """``x`` as a NumPy array: a Dask array computed, a CuPy array copied to the host."""
+    """``x`` as a NumPy array: a Dask array computed, a CuPy array copied to the host,
+    an array-like read."""
     if hasattr(x, "compute") and not isinstance(x, np.ndarray):
         x = x.compute()
-    return to_host(x)
+    if not (isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy")):
+        x = _arraylike.source(x)[...]
+    return np.array(to_host(x)) if isinstance(x, np.memmap) else to_host(x)
 
 
 def _from_quimb(tn: Any, name: str) -> TensorTrain:

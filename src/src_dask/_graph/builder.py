@@ -10,6 +10,7 @@ import dask.array as da
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
+from .. import _arraylike
 from .. import _kernels as K
 from .._integrity import VerifiedArray
 from .._plan import SweepPlan
@@ -67,7 +68,8 @@ class GraphBuilder:
         if tasks.is_stored(x):
             key = keys.read()
             pinned = self.sweep.plan.device == "gpu"
-            self.tasks[key] = (partial(tasks.read_whole, pinned=pinned), x, after)
+            self.tasks[key] = (partial(tasks.read_whole, pinned=pinned), _arraylike.source(x),
+                               after)
             return key
         x = tasks.lazy(x)
         if K.is_in_memory(x):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
+import numpy as np
 
 from .. import _integrity, _oom, _random, _transfer
 from .. import _kernels as K
@@ -28,9 +29,10 @@ def on_own_stream(func: Callable[..., Any], *args: Any) -> Any:
 
 
 def is_stored(x: Any) -> bool:
-    """A stored array read whole by a task of its own: Zarr, or a verified one
-    (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk)."""
-    return isinstance(x, _integrity.VerifiedArray) or type(x).__module__.startswith("zarr")
+    """An array read whole by a task of its own: Zarr, a verified one
+    (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk) or
+    any other lazy array-like (``_arraylike``); not a Dask array, not one in memory."""
+    return not (isinstance(x, da.Array) or K.is_in_memory(x))
 
 
 def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
@@ -49,7 +51,9 @@ def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
     """
     if isinstance(x, _integrity.VerifiedArray):
         return x.read(out=_transfer.empty_pinned(x.shape, x.dtype)) if pinned else x.read()
-    if not pinned or not hasattr(x, "get_basic_selection"):
+    if not type(x).__module__.startswith("zarr"):  # an array-like (``_arraylike.source``)
+        return np.asarray(x[...])
+    if not pinned:
         return x[...]
     from zarr.core.buffer.cpu import NDBuffer
 
@@ -64,13 +68,13 @@ def prepare(raw: Any, after: Any = None, **options: Any) -> Any:
 
 
 def lazy(core: Any) -> Any:
-    """Dask arrays stay; Zarr (and other array-likes) are wrapped without reading; a
-    verified array keeps its checks (``_integrity.to_dask``)."""
+    """Dask arrays stay; Zarr arrays are wrapped without reading; a verified array
+    keeps its checks (``_integrity.to_dask``)."""
     if isinstance(core, da.Array) or K.is_in_memory(core):
         return core
     if isinstance(core, _integrity.VerifiedArray):
         return _integrity.to_dask(core)
-    return da.from_array(core, chunks=getattr(core, "chunks", "auto"), asarray=False)
+    return da.from_array(core, chunks=core.chunks, asarray=False)
 
 
 def pass1_block(env: Any, cores: list[Any], *, site: int, start: int, stop: int, run: str,
