@@ -261,13 +261,19 @@ class TransferWatch:
 
     def __init__(self, client) -> None:
         self.client = client
+        self.failed: str | None = None
 
     def reset(self) -> None:
-        self.client.run(_worker_reset)
-        self.client.run_on_scheduler(_scheduler_reset)
+        try:
+            self.client.run(_worker_reset)
+            self.client.run_on_scheduler(_scheduler_reset)
+        except Exception as err:  # the timing goes on without its diagnosis
+            self.failed = f"reset: {type(err).__name__}: {err}"
 
     def collect(self, stream: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict]]:
         """(summary, every transfer) of the last call; ``stream``: its task stream."""
+        if self.failed:
+            return {"failed": self.failed}, []
         try:
             workers = self.client.run(_worker_collect)
             scheduler = self.client.run_on_scheduler(_scheduler_collect)
