@@ -55,8 +55,8 @@ def test_halving_gives_the_same_result_and_keeps_the_split(allocator, caplog):
     assert 2 <= alloc.refused["sketch_step"] <= 2 * 2
     assert 2 <= alloc.refused["sketch_piece"] <= 2 * 2
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("pass 1" in m and "site 0" in m and "out of memory on 12 sketch columns" in m
-               for m in warned), warned
+    assert any("pass 1" in m and "site 0" in m
+               and "out of host memory on 12 sketch columns" in m for m in warned), warned
     assert any("pass 2" in m and "in blocks of 3 columns from now on" in m for m in warned)
 
 
@@ -64,8 +64,45 @@ def test_one_column_that_does_not_fit_says_how_much_is_needed(allocator):
     a, x = random_mpo(6, 3, seed=1), random_mps(6, 6, seed=2)
     allocator(limit=0)
     with pytest.raises(MemoryError, match=r"site 0, pass 1: one sketch column does not fit "
-                                          r"in device memory; it needs about [0-9.]+ MiB"):
+                                          r"in host memory; it needs about [0-9.]+ MiB.*"
+                                          r"memory_limit / --memory-limit"):
         src_dask.apply(a, x, 8, seed=0, chunk=8)
+
+
+def test_a_host_memory_error_in_a_step_that_is_not_halved_names_the_option(monkeypatch):
+    """A real MemoryError of NumPy (an allocation larger than any machine) in the
+    projection of pass 2 names the site and the setting to change."""
+    def huge(*args, **kwargs):
+        return np.empty(1 << 62, dtype=np.uint8)  # raises MemoryError
+
+    monkeypatch.setattr(K, "project_core", huge)
+    a, x = random_mpo(5, 2, seed=1), random_mps(5, 3, seed=2)
+    with pytest.raises(MemoryError, match=r"site \d, pass 2: out of host memory .*"
+                                          r"src_dask.projection-block-size \(now 2 GiB\)"):
+        src_dask.apply(a, x, 6, seed=0)
+
+
+def test_a_real_host_memory_error_is_computed_in_halves(monkeypatch, caplog):
+    """NumPy's own MemoryError (not a simulated one) in pass 1 is halved like CuPy's."""
+    original, seen = K.sketch_step, []
+
+    def sketch_step(env, cores, *, omega, site):
+        seen.append(omega.shape[0])
+        if omega.shape[0] > 2:
+            np.empty(1 << 62, dtype=np.uint8)  # raises MemoryError
+        return original(env, cores, omega=omega, site=site)
+
+    monkeypatch.setattr(K, "sketch_step", sketch_step)
+    a, x = random_mpo(6, 2, seed=1), random_mps(6, 3, seed=2)
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        y = src_dask.apply(a, x, 8, seed=0, chunk=8)
+    monkeypatch.setattr(K, "sketch_step", original)
+    ref = src_dask.apply(a, x, 8, seed=0, chunk=8)
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+    assert seen[0] > 2 and 2 in seen  # the whole block first, then halves
+    assert any(f"out of host memory on {seen[0]} sketch columns" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_other_errors_are_not_taken_for_memory(monkeypatch):

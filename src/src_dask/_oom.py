@@ -83,26 +83,27 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
             raise
         if b - a == 1:
             raise MemoryError(
-                f"site {site}, {key[1]}: one sketch column does not fit in device memory; "
+                f"site {site}, {key[1]}: one sketch column does not fit in {_memory(out.xp)}; "
                 f"it needs about {per_col / 2**20:.1f} MiB for its block and temporaries "
-                "(free device memory, or use fewer/larger GPUs)"
+                f"({_remedy(out.xp)})"
             ) from err
     # Out of the except clause: the failed attempt's temporaries, which its
     # traceback holds on to, are released before the pool is emptied.
     _free_cached(out.xp)
     half = (b - a + 1) // 2
     _FITS[key] = min(_FITS.get(key, half), half)
-    log.warning("site %d, %s: out of memory on %d sketch columns (about %.1f MiB); "
-                "computing it in blocks of %d columns from now on", site, key[1], b - a,
-                per_col * (b - a) / 2**20, _FITS[key])
+    log.warning("site %d, %s: out of %s on %d sketch columns (about %.1f MiB); "
+                "computing it in blocks of %d columns from now on", site, key[1],
+                _memory(out.xp), b - a, per_col * (b - a) / 2**20, _FITS[key])
     _in_pieces(compute, a, b, out, key, site, per_col)
 
 
 def naming_the_site(kernel: Callable[..., Any], *, site: int, step: str) -> Callable[..., Any]:
-    """``kernel`` whose out-of-memory errors say which site and step ran out.
+    """``kernel`` whose out-of-memory errors say which site and step ran out, and
+    what to change.
 
     For the per-site steps that have no sketch axis to split (the QR and the
-    projections of pass 2).
+    projections of pass 2, which the plan cuts in row blocks instead).
     """
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -110,7 +111,42 @@ def naming_the_site(kernel: Callable[..., Any], *, site: int, step: str) -> Call
         except Exception as err:
             if not is_oom(err):
                 raise
-            raise MemoryError(f"site {site}, {step}: out of device memory ({err}); this step "
-                              "cannot be split, so the site needs a GPU with more free "
-                              "memory") from err
+            xp = _namespace(args)
+            raise MemoryError(
+                f"site {site}, {step}: out of {_memory(xp)} ({err}); this step is not split "
+                "in halves: lower the Dask config src_dask.projection-block-size (now "
+                f"{_config_size('projection-block-size')}) so that pass 2 makes the "
+                f"projected core in smaller row blocks, or {_remedy(xp)}") from err
     return run
+
+
+def _memory(xp: Any) -> str:
+    return "device memory" if getattr(xp, "__name__", "") == "cupy" else "host memory"
+
+
+def _remedy(xp: Any) -> str:
+    if getattr(xp, "__name__", "") == "cupy":
+        return ("give each GPU worker more free device memory (dask-cuda's "
+                "device_memory_limit, fewer tasks per GPU, a larger GPU) or sketch fewer "
+                "columns (chi_out + oversample)")
+    return ("give each worker more memory (memory_limit / --memory-limit, fewer threads "
+            "per worker) or sketch fewer columns (chi_out + oversample)")
+
+
+def _namespace(args: tuple[Any, ...]) -> Any:
+    """``numpy`` or ``cupy``: that of the first array among a kernel's arguments."""
+    import numpy as np
+
+    for a in args:
+        for x in (a if isinstance(a, (list, tuple)) else [a]):
+            if type(x).__module__.startswith("cupy"):
+                import cupy
+
+                return cupy
+    return np
+
+
+def _config_size(key: str) -> str:
+    from . import config
+
+    return str(config.get(key))
