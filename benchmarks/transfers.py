@@ -34,10 +34,10 @@ with the sender's outgoing entry (same keys), the receiver's transition log (whe
 its keys went to ``fetch`` and ``flight``), the pool's connects, the loops'
 stalls and the task stream (what computed on either worker meanwhile, and when the
 first waiting task started). Spans within a worker and between the two ends of a
-transfer (``wait``, ``launch``, ``connect``, ``request``) are on the workers' own
-clocks (one host here: the same clock); against the task stream and the other
-loops, on the scheduler's (the logs' times carry the workers' ``scheduler_delay``,
-an estimate that moves by milliseconds).
+transfer (``wait``, ``launch``, ``connect``, ``request``, ``dependent_after``) are
+on the workers' own clocks (one host here: the same clock); against the task
+stream and the other loops, on the scheduler's (the logs' times carry the workers'
+``scheduler_delay``, an estimate that moves by milliseconds).
 """
 
 from __future__ import annotations
@@ -206,7 +206,8 @@ def _worker_collect(dask_worker) -> dict[str, Any]:
     delay = dask_worker.scheduler_delay
     log = dask_worker.state.log
     states = [(e[0], e[3], e[-1]) for e in log  # this worker's clock
-              if len(e) == 7 and e[3] in ("fetch", "flight") and isinstance(e[4], dict)]
+              if len(e) == 7 and e[3] in ("fetch", "flight", "executing")
+              and isinstance(e[4], dict)]
     ticks = dask_worker._tick_counter - st["ticks0"][0]
     tick_total = dask_worker.digests_total["tick-duration"] - st["ticks0"][1]
     ws = dask_worker.state
@@ -395,8 +396,13 @@ def summarise(workers: dict[str, dict[str, Any]], scheduler: dict[str, Any],
             t["send_busy_s"] = _r(_overlap(computing.get(who, []), start, stop), 6)
             t["concurrent"] = sum(1 for o in incoming
                                   if o is not e and o["start"] < stop and o["stop"] > start)
-            after = [started[addr, k] - stop for k in waiting or [cause] if (addr, k) in started]
-            if after:  # the first of the tasks waiting for it to start
+            # the first of the tasks waiting for it to start executing (this worker's
+            # clock; else the task stream's compute start, on the scheduler's)
+            after = [min((tt for s, tt in states.get(k, ()) if s == "executing"), default=None)
+                     for k in waiting or [cause]]
+            after = [a - done for a in after if a is not None and a >= asked] or [
+                started[addr, k] - stop for k in waiting or [cause] if (addr, k) in started]
+            if after:
                 t["dependent_after_s"] = _r(min(after), 6)
             t["serial"] = e.get("serial", {})
             t["types"] = e.get("types", [])
