@@ -415,3 +415,63 @@ def test_a_path_below_a_file_is_refused_naming_the_file(tmp_path):
         with pytest.raises(PathRefusedError, match=f"{tmp_path / 'f'} is a file"):
             src_dask.apply(random_mpo(3, 2, seed=1), x, 2, seed=0, store=where)
     assert (tmp_path / "f").read_text() == "mine"
+
+
+# -- whole arrays read straight from their chunk files -------------------------------------
+@pytest.mark.parametrize("shape, chunks", [((5, 7, 3), (5, 7, 3)), ((5, 7, 3), (2, 3, 3)),
+                                           ((4, 6), (4, 1)), ((9,), (4,))])
+@pytest.mark.parametrize("dtype", [np.complex128, np.float32])
+def test_whole_arrays_are_read_from_their_chunk_files(tmp_path, monkeypatch, shape, chunks,
+                                                      dtype):
+    """What src_dask wrote on a local file system is read from its chunk files (Zarr's
+    reader is not called), the same values as Zarr gives, edge chunks included; with
+    the config direct-reads off Zarr reads it."""
+    import dask
+
+    data = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    arr = _integrity.create(zarr.open_group(tmp_path / "g", mode="w"), "a", shape, dtype, chunks)
+    arr[...] = data
+    arr = zarr.open_group(tmp_path / "g", mode="r")["a"]
+    with dask.config.set({"src_dask.direct-reads": False}):
+        assert np.array_equal(_integrity.read(arr, what="a"), data)
+    calls = []
+    original = type(arr).get_basic_selection
+    monkeypatch.setattr(type(arr), "get_basic_selection",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(type(arr), "__getitem__",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    assert np.array_equal(_integrity.read(arr, what="a"), data)
+    out = np.empty(shape, dtype)
+    got = _integrity.read(arr, what="a", out=out)
+    assert got is out and np.array_equal(out, data) and not calls
+    with dask.config.set({"src_dask.direct-reads": False}):
+        _integrity.read(arr, what="a")
+    assert calls  # through Zarr
+
+
+@pytest.mark.parametrize("how", ["missing chunk", "flipped bit", "truncated chunk", "longer"])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_damaged_chunk_file_is_an_error_read_either_way(tmp_path, how, direct):
+    import dask
+
+    data = np.arange(24, dtype=np.float64).reshape(4, 6)
+    arr = _integrity.create(zarr.open_group(tmp_path / "g", mode="w"), "a", (4, 6),
+                            np.float64, (2, 3))
+    arr[...] = data
+    victim = tmp_path / "g" / "a" / "c" / "1" / "0"
+    assert victim.is_file()
+    if how == "missing chunk":
+        victim.unlink()
+    else:
+        raw = bytearray(victim.read_bytes())
+        if how == "flipped bit":
+            raw[3] ^= 0x01
+        elif how == "truncated chunk":
+            raw = raw[:-7]
+        else:
+            raw += b"\0"
+        victim.write_bytes(bytes(raw))
+    says = "chunk \\(1, 0\\) is missing" if how == "missing chunk" else "damaged"
+    with dask.config.set({"src_dask.direct-reads": direct}), \
+            pytest.raises(DamagedDataError, match=f"the a: .*{says}|a: .*{says}"):
+        _integrity.read(zarr.open_group(tmp_path / "g", mode="r")["a"], what="the a")

@@ -8,6 +8,7 @@ key                        meaning
 ``device``                 ``auto``, ``cpu`` or ``gpu``: where the kernels run
 ``keep-inputs``            ``auto``, ``true`` or ``false``: lazy inputs kept for pass 2
 ``keep-inputs-fraction``   ``auto`` keeps them up to this share of a worker's memory
+``direct-reads``           whole stored arrays read from their chunk files
 ``block-size``             largest environment block a default ``chunk`` aims for
 ``projection-block-size``  largest projected core made in one piece
 ``copy-inputs``            ``auto``, ``true`` or ``false``: inputs copied between GPUs
