@@ -526,3 +526,20 @@ def test_split_pass_2_resumes_from_its_checkpoint(tmp_path, monkeypatch):
         assert sorted(calls) == list(range(1, saved + 1))  # only the sites left
         for c, c0 in zip(y, ref, strict=True):
             assert np.abs(np.asarray(c) - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+@pytest.mark.parametrize("limit", ["6 MiB", "12 MiB", "30 MiB"])
+@pytest.mark.parametrize("client", [False, True])
+def test_tight_memory_plans_give_the_same_cores(limit, client, cluster_client):
+    """Budgets that cut Z in blocks, unfuse some sites and not others, or fit all:
+    the same cores as an unbounded run (threads and a cluster)."""
+    from src_dask import problems
+
+    trains = (problems.random_mpo(12, 8, 2, seed=1), problems.random_mpo(12, 8, 2, seed=2),
+              problems.random_mps(12, 8, 2, seed=3))
+    ref = src_dask.src(*trains, chi_out=48, seed=2)
+    with dask.config.set({"src_dask.memory-limit": limit}):
+        y = src_dask.src(*trains, chi_out=48, seed=2,
+                         client=cluster_client if client else None)
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

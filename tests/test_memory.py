@@ -112,3 +112,41 @@ def test_spilling_bounds_memory_without_a_store(problem, tmp_path):
         assert set(peaks) == workers
         assert all(p < LIMIT for p in peaks.values()), peaks
         assert sum(spilled.values()) > env_bytes() / 2, spilled  # the envs went to disk
+
+
+# -- the plan sizes tasks from the workers' limits (not from fixed sizes) ------------------
+DEEP_LIMIT = 400 * 2**20  # one worker
+
+
+def _deep_stack(depth: int, n: int, bond: int):
+    """``depth`` trains of bond ``bond`` (MPOs, then an MPS), physical dimension 2."""
+    from src_dask import problems
+
+    mpos = [problems.random_mpo(n, bond, 2, seed=s) for s in range(1, depth)]
+    return (*mpos, problems.random_mps(n, bond, 2, seed=depth))
+
+
+@pytest.mark.slow  # ~1-2 min each on 2 cores: `make test-slow`
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("depth, bond, n, chi, store", [(3, 16, 44, 600, False),
+                                                       (4, 8, 54, 500, True)])
+def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
+    """Environments at least 4x a worker's memory: chunks, projected-core blocks and
+    fused steps follow from the worker's limit, so the run completes with the worker's
+    peak RSS under it (no restart), with and without a run store."""
+    trains = _deep_stack(depth, n, bond)
+    envs = chi * bond**depth * 16 * (n - 1)
+    assert envs >= 4 * DEEP_LIMIT
+    ref = src_dask.src(*trains, chi_out=chi, seed=2)  # unconstrained, this process
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=DEEP_LIMIT,
+                      dashboard_address=":0",
+                      local_directory=str(tmp_path / "workers")) as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(PeakRSS())
+        workers = set(client.scheduler_info()["workers"])
+        y = src_dask.src(*trains, chi_out=chi, seed=2, client=client,
+                         store=tmp_path / "run" if store else None)
+        peaks = _peaks(client)
+    assert set(peaks) == workers  # no worker was lost or restarted
+    assert all(p < DEEP_LIMIT for p in peaks.values()), peaks
+    _assert_same(y, ref)

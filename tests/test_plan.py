@@ -7,6 +7,7 @@ import pytest
 
 from src_dask import _plan, problems
 from src_dask._stack import make_stack
+from src_dask.errors import PlanError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -122,3 +123,67 @@ def test_sweep_plan_decides_once_per_stack_and_workers():
     ucx = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["ucx://a:1", "ucx://b:2"])
     assert ucx.copy_inputs
     assert 2 <= sweep.lookahead <= 8
+
+
+# -- memory: every task sized from the workers' limits --------------------------------------
+def _deep(depth=3, n=8, bond=16):
+    mpos = [problems.random_mpo(n, bond, 2, seed=s) for s in range(1, depth)]
+    return make_stack((*mpos, problems.random_mps(n, bond, 2, seed=depth)))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+@pytest.mark.parametrize("task_mib", [8, 32, 256])
+def test_chunks_and_z_blocks_fit_the_task_budget(depth, task_mib):
+    stack = _deep(depth, bond=8 if depth == 4 else 16)
+    task = task_mib * 2**20
+    sketch = min(600, _plan.reachable_rank(stack))
+    try:
+        chunk = _plan.default_chunk(stack, sketch, 1, task)
+    except PlanError:
+        assert _plan.column_bytes(stack) > task
+        return
+    assert chunk * _plan.column_bytes(stack) <= task
+    plan = _plan_of(sketch=sketch, chunk=chunk, task_bytes=task)
+    for j in range(stack.n):
+        try:
+            blocks = _plan.z_blocks(stack, plan, j)
+        except PlanError as err:
+            assert f"site {j}: " in str(err) and "in a task, but a task may use" in str(err)
+            continue
+        rows = _plan.z_rows(stack, plan, j)
+        left_rows = _plan.z_rows(stack, plan, j - 1) if j else 1
+        fixed, per = _plan.row_bytes(stack, j, rows, chunk, left_rows)
+        assert fixed + per * -(-rows // blocks) <= task  # the largest block's task fits
+
+
+def test_a_bounded_site_sums_its_environment_block_by_block():
+    """Where memory (not size) cuts Z in blocks, no task holds them all: the shares of
+    S are summed one block at a time (a chain), and the step is not fused."""
+    stack = _deep(3, n=24)
+    sketch = 400
+    task = 96 * 2**20
+    chunk = _plan.default_chunk(stack, sketch, 1, task)
+    plan = _plan_of(sketch=sketch, chunk=chunk, task_bytes=task)
+    sweep = _plan.SweepPlan.decide(stack, plan, None)
+    middle = stack.n // 2
+    assert sweep.bounded[middle] and sweep.z_blocks[middle] > 1 and not sweep.fits[middle]
+    step = sweep.pass2.step(sweep.z_blocks[middle], sweep.z_blocks[middle - 1],
+                            fits=sweep.fits[middle], bounded=sweep.bounded[middle])
+    assert step.chain and not step.fused and not step.whole
+    roomy = _plan.SweepPlan.decide(stack, _plan_of(sketch=sketch, chunk=chunk), None)
+    assert not any(roomy.bounded) and all(roomy.fits)
+
+
+def test_a_problem_that_cannot_fit_is_refused_before_any_work(monkeypatch):
+    import src_dask
+    from src_dask import _kernels as K
+
+    calls = []
+    monkeypatch.setattr(K, "sketch_step", lambda *a, **k: calls.append(1))
+    a, x = problems.random_mpo(6, 16, 2, seed=1), problems.random_mps(6, 16, 2, seed=2)
+    with dask.config.set({"src_dask.memory-limit": "64 KiB"}), \
+            pytest.raises(PlanError, match=r"one sketch column needs about [0-9.]+ MiB in a "
+                                           r"task, but a task may use [0-9.]+ MiB"):
+        src_dask.apply(a, x, 32, seed=0)
+    assert not calls
+    assert issubclass(PlanError, MemoryError)

@@ -20,7 +20,7 @@ import dask.utils
 
 from . import _arraylike, _graph, _paths, _plan, _progress, _random, _runstore
 from . import _kernels as K
-from ._cluster import choose_device, worker_memory
+from ._cluster import choose_device, free_memory, worker_memory
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
 from ._stack import Stack, make_stack
@@ -118,7 +118,8 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     sketch = _plan.sketch_width(stack, chi_out, extra)
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
-    chunk = min(chunk or _plan.default_chunk(stack, sketch, _plan.slots(client, device)),
+    task = _plan.task_bytes(*free_memory(client, device))
+    chunk = min(chunk or _plan.default_chunk(stack, sketch, _plan.slots(client, device), task),
                 sketch)
     lazy = sum(K.nbytes(c) for c in inputs if not is_in_memory(c))
     keep = _plan.keep_inputs(lazy, worker_memory(client, device) if lazy else None)
@@ -126,7 +127,7 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     to_host = client is not None or not all(map(is_cupy, inputs))
     return _plan.Plan(sketch=sketch, chunk=chunk, chi_out=min(chi_out, sketch), cutoff=cutoff,
                       key=0, round=extra > 0, device=device, to_host=to_host,
-                      keep_inputs=keep)
+                      keep_inputs=keep, task_bytes=task)
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import dask
+import dask.utils
 
 log = logging.getLogger("src_dask")
 
@@ -220,6 +221,42 @@ def worker_memory(client: Any, device: str) -> int | None:
     without a client or without a limit); None where that cannot be told."""
     sizes = [_memory(device)] if client is None else list(client.run(_memory, device).values())
     return min(sizes) if sizes and None not in sizes else None
+
+
+def free_memory(client: Any, device: str) -> tuple[int | None, int]:
+    """``(bytes, threads)``: the memory the tasks of the smallest worker may use
+    together, and how many tasks it runs at once. A CPU worker's memory limit less
+    what its process already holds (the interpreter and libraries count against the
+    limit too); a GPU's memory; without a client, the memory available to this
+    process and its threads (config ``src_dask.memory-limit`` overrides the bytes).
+    None where the memory cannot be told."""
+    from . import config
+
+    given = config.get("memory-limit")
+    if client is None:
+        size = _free(device)
+        threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
+    else:
+        frees = list(client.run(_free, device).values())
+        size = min(frees) if frees and None not in frees else None
+        threads = max(client.nthreads().values(), default=1)
+    if given not in (None, "auto"):
+        size = int(dask.utils.parse_bytes(given)) if isinstance(given, str) else int(given)
+    return size, max(1, threads)
+
+
+def _free(device: str, dask_worker: Any = None) -> int | None:
+    try:
+        if device == "gpu":
+            return _memory(device)
+        import psutil
+
+        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        if limit:
+            return max(0, int(limit) - psutil.Process().memory_info().rss)
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no device or no psutil: unknown
+        return None
 
 
 def _memory(device: str, dask_worker: Any = None) -> int | None:

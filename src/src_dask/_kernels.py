@@ -200,6 +200,21 @@ def sketch_step_bytes(cores: list[Any]) -> int:
     return (env_in + env_out + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
 
 
+def project_row_bytes(cores: list[Any]) -> int:
+    """Memory one row of :func:`project_core` needs: its row of ``S`` in, of ``Z``
+    out, and the largest intermediate of the contraction (twice: in and out of a
+    step). ``cores`` need only ``shape`` and ``dtype``."""
+    k = len(cores)
+    a, b, x = _symbols(k)
+    shapes = (*(tuple(c.shape) for c in cores), (1,) + tuple(c.shape[1] for c in cores))
+    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+    steps, _ = _plan(eq, shapes)
+    biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
+    s_row = prod(shapes[-1])
+    z_row = prod(c.shape[0] for c in cores) * cores[0].shape[2] * cores[-1].shape[3]
+    return (s_row + z_row + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
+
+
 def sketch_piece_bytes(env: Any, z: Any) -> int:
     """Memory one sketch column of :func:`sketch_piece` needs (its row of C and of Mᵀ)."""
     k = env.ndim - 1

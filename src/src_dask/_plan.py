@@ -37,6 +37,8 @@ class Plan:
     z_block_bytes: int = field(default_factory=lambda: config.get_bytes("projection-block-size"))
     # lazy inputs read once and kept from pass 1 to pass 2 (else read in each pass)
     keep_inputs: bool = False
+    # memory one task may use (:func:`task_bytes`); None: not bounded
+    task_bytes: int | None = None
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -93,12 +95,15 @@ class Pass2:
         return cls(home=groups > 1, together=gpu or workers == 1,
                    spread=not gpu and workers > 1, pieces_at_env=not gpu)
 
-    def step(self, z_here: int, z_left: int) -> SiteStep:
+    def step(self, z_here: int, z_left: int, fits: bool = True,
+             bounded: bool = False) -> SiteStep:
         """The step at a site whose ``Z`` has ``z_here`` row blocks, the next site's
-        ``z_left`` (not split pass 2)."""
-        chain = z_here > 1 and self.spread
-        return SiteStep(fused=self.together and z_here == 1, chain=chain,
-                        whole=not chain and z_left == 1)
+        ``z_left`` (not split pass 2). ``fits``: the site's whole step fits one task
+        (:func:`one_task`); ``bounded``: memory, not only size, cut ``Z`` in blocks,
+        so no task may hold them all (their shares of ``S`` are summed one by one)."""
+        chain = z_here > 1 and (self.spread or bounded)
+        return SiteStep(fused=self.together and z_here == 1 and fits, chain=chain,
+                        whole=not chain and z_left == 1 and fits)
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,8 @@ class SweepPlan:
     lookahead: int  # sites ahead of their use that inputs are read
     z_blocks: tuple[int, ...]  # row blocks of each site's projected core
     pass2: Pass2
+    fits: tuple[bool, ...] = ()  # per site: its whole step fits one task (one_task)
+    bounded: tuple[bool, ...] = ()  # per site: memory cut Z in blocks (no task holds all)
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
@@ -125,10 +132,14 @@ class SweepPlan:
         if pass2.split:  # at least one row block of Z per worker
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
                       for j, b in enumerate(blocks)]
+        fits = tuple(one_task(stack, plan, j) for j in range(stack.n))
+        bounded = tuple((fit := z_rows_that_fit(stack, plan, j)) is not None
+                        and z_rows(stack, plan, j) > fit for j in range(stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
                    own_streams=own_streams(plan.device, workers),
-                   lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2)
+                   lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
+                   fits=fits, bounded=bounded)
 
 
 # -- the sketch ------------------------------------------------------------------------
@@ -152,13 +163,16 @@ def sketch_width(stack: Stack, chi_out: int, oversample: int) -> int:
     return width
 
 
-def default_chunk(stack: Stack, sketch: int, slots: int) -> int:
+def default_chunk(stack: Stack, sketch: int, slots: int, task: int | None = None) -> int:
     """Columns per block: one block per worker thread (``slots``; per GPU on a GPU
     run: a GPU runs one block's GEMMs at a time, the larger the better), none over
-    the config's ``block-size``."""
+    the config's ``block-size``, and none whose tasks need more than ``task`` bytes
+    (:func:`column_bytes`)."""
     per_column = max(math.prod(stack.left_bonds(j)) for j in range(stack.n))
     per_column *= stack.dtype.itemsize
     blocks = max(slots, math.ceil(sketch * per_column / config.get_bytes("block-size")))
+    if task is not None:
+        blocks = max(blocks, math.ceil(sketch / columns_that_fit(stack, task)))
     return math.ceil(sketch / blocks)
 
 
@@ -179,6 +193,124 @@ def keep_inputs(lazy_bytes: int, memory: int | None) -> bool:
              "kept for pass 2" if keep else "read in each pass",
              "unknown" if memory is None else f"{memory / 1e9:.3g} GB")
     return keep
+
+
+# -- memory ------------------------------------------------------------------------------
+# Every task's working set is sized against ``task_bytes``: the memory the tasks that
+# run at once on the smallest worker may each use. Dask's workers spill stored data
+# (environments) from 70 % of their limit and restart at 95 %, so the tasks get a
+# share (config ``memory-fraction``) of what a worker has free before the run.
+def task_bytes(free: int | None, threads: int) -> int | None:
+    """The memory one task may use: ``memory-fraction`` of a worker's ``free``
+    bytes, shared by the ``threads`` tasks it runs at once."""
+    if free is None:
+        return None
+    return int(config.get("memory-fraction") * free / max(1, threads))
+
+
+def _shapes(stack: Stack, site: int) -> list[Any]:
+    """Stand-ins (shape and dtype) for the padded cores of ``site``, for the kernels'
+    planners."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(shape=s, dtype=stack.dtype, ndim=4) for s in stack.shapes(site)]
+
+
+def column_bytes(stack: Stack) -> int:
+    """What one sketch column costs a task at most, over the sites: pass 1's step
+    (its environment row in and out and the contraction's intermediates) and pass 2's
+    sketch piece (a row of ``C_j`` and of the sketch)."""
+    from . import _kernels as K
+
+    step = max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
+    piece = max(math.prod(stack.left_bonds(j)) for j in range(stack.n)) * stack.dtype.itemsize
+    return max(step, piece)
+
+
+def columns_that_fit(stack: Stack, task: int) -> int:
+    """Sketch columns a block may have within ``task`` bytes; a
+    :class:`~src_dask.errors.PlanError` when not even one fits."""
+    per = column_bytes(stack)
+    if per > task:
+        from .errors import PlanError
+
+        raise PlanError(f"one sketch column needs about {per / 2**20:.1f} MiB in a task, but "
+                        f"a task may use {task / 2**20:.1f} MiB ({_remedy()})")
+    return max(1, task // per)
+
+
+def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
+              left_rows: int | None = None) -> tuple[int, int]:
+    """``(fixed, per row)``: the bytes the largest pass-2 task of ``site`` needs
+    besides, and for each of, the rows of ``Z`` it holds: projecting them (a row of
+    ``Z`` and of ``S``, the contraction's intermediates), sketching them against a
+    block of ``chunk`` columns of ``C_j``, adding their share to ``S_{j-1}`` (η,
+    ``left_rows × rows × U·D``, and the running sum, ``left_rows`` rows; ``rows`` and
+    ``left_rows`` bound the output's bonds right and left of the site)."""
+    from . import _kernels as K
+
+    q = rows if left_rows is None else left_rows
+    item = stack.dtype.itemsize
+    ud = stack.up(site) * stack.down(site)
+    left = math.prod(stack.left_bonds(site))
+    z_row = left * ud * item
+    project = K.project_row_bytes(_shapes(stack, site))
+    sketch = (chunk * left * item, z_row + chunk * ud * item)
+    update = (2 * q * left * item + q * rows * ud * item, z_row)
+    fixed = max(0, sketch[0], update[0])
+    return fixed, max(project, sketch[1], update[1])
+
+
+def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
+    """Rows of ``Z`` one task may hold at ``site`` within ``plan.task_bytes`` (None:
+    not bounded); a :class:`~src_dask.errors.PlanError` when not even one fits.
+
+    With a cutoff the output's bonds, which size ``Z``, ``S`` and η, are known only
+    as the run goes (a rank-2 product written with bonds of 4096 stays rank 2), so
+    the bound would cut a small ``Z`` into thousands of empty blocks: not bounded
+    (the sketch columns still are)."""
+    if plan.task_bytes is None or plan.cutoff > 0:
+        return None
+    rows = z_rows(stack, plan, site)
+    left_rows = z_rows(stack, plan, site - 1) if site > 0 else 1
+    fixed, per = row_bytes(stack, site, rows, plan.chunk, left_rows)
+    fit = (plan.task_bytes - fixed) // per
+    if fit < 1:
+        from .errors import PlanError
+
+        what = (f"one row of the projected core needs about {(fixed + per) / 2**20:.1f} MiB"
+                if fixed < plan.task_bytes else
+                f"pass 2 needs about {fixed / 2**20:.1f} MiB for the environment it sums "
+                f"({left_rows} x {math.prod(stack.left_bonds(site))} numbers, twice), or "
+                f"for a block of C_j")
+        raise PlanError(f"site {site}: {what} in a task, but a task may use "
+                        f"{plan.task_bytes / 2**20:.1f} MiB ({_remedy()})")
+    return int(fit)
+
+
+def one_task(stack: Stack, plan: Plan, site: int) -> bool:
+    """Whether the whole step of ``site`` fits one task: ``C_j``, ``Z_j`` and the next
+    site's ``Z`` whole, with the environments and the projection's intermediates
+    (with a cutoff: not known before the run, see :func:`z_rows_that_fit`)."""
+    if plan.task_bytes is None or plan.cutoff > 0:
+        return True
+    from . import _kernels as K
+
+    item = stack.dtype.itemsize
+    rows = z_rows(stack, plan, site)
+    left = math.prod(stack.left_bonds(site))
+    ud = stack.up(site) * stack.down(site)
+    z = rows * left * ud * item
+    z_next = (z_rows(stack, plan, site - 1) * math.prod(stack.left_bonds(site - 1))
+              * stack.up(site - 1) * stack.down(site - 1) * item) if site > 0 else 0
+    need = (plan.sketch * left * item + z + z_next + 3 * rows * left * item
+            + rows * K.project_row_bytes(_shapes(stack, site)))
+    return need <= plan.task_bytes
+
+
+def _remedy() -> str:
+    return ("give the workers more memory, run fewer threads per worker, or sketch fewer "
+            "columns (chi_out + oversample)")
 
 
 # -- the graph's shape ---------------------------------------------------------------------
@@ -228,12 +360,15 @@ def lookahead(stack: Stack, plan: Plan) -> int:
 
 def z_blocks(stack: Stack, plan: Plan, site: int) -> int:
     """Row blocks of the projected core ``Z`` at ``site``: enough to keep each within
-    ``plan.z_block_bytes``. (Its rows, the bond right of the site, may come out
+    ``plan.z_block_bytes`` and each task that holds one within ``plan.task_bytes``
+    (:func:`z_rows_that_fit`). (Its rows, the bond right of the site, may come out
     fewer than this bound with a cutoff; blocks then come out smaller or empty.)"""
     rows = z_rows(stack, plan, site)
     nbytes = (math.prod(stack.left_bonds(site)) * rows * stack.up(site) * stack.down(site)
               * stack.dtype.itemsize)
-    return max(1, min(rows, math.ceil(nbytes / plan.z_block_bytes)))
+    blocks = max(1, min(rows, math.ceil(nbytes / plan.z_block_bytes)))
+    fit = z_rows_that_fit(stack, plan, site)
+    return blocks if fit is None else max(blocks, math.ceil(rows / fit))
 
 
 def z_rows(stack: Stack, plan: Plan, site: int) -> int:

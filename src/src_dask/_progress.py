@@ -117,8 +117,10 @@ def describe(stack: Any, plan: Any, client: Any) -> str:
     return (f"{kinds} ({'bra' if stack.bra else 'ket'}), {stack.n} sites, bonds {bonds}, "
             f"{stack.dtype}, inputs {format_bytes(inputs)}; chi_out {plan.chi_out}, sketch "
             f"{plan.sketch} in {blocks} block{'s' * (blocks > 1)} of {plan.chunk}, "
-            f"environments {format_bytes(envs * stack.dtype.itemsize)}; on the "
-            f"{plan.device.upper()}, {where}")
+            f"environments {format_bytes(envs * stack.dtype.itemsize)}"
+            + (f", tasks sized to {format_bytes(plan.task_bytes)} each"
+               if getattr(plan, "task_bytes", None) else "")
+            + f"; on the {plan.device.upper()}, {where}")
 
 
 def _seconds(t: float) -> str:

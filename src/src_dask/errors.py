@@ -42,3 +42,8 @@ class OverwriteNeededError(StoreError):
     def __init__(self, reason: str, hint: str = "pass overwrite=True to replace it") -> None:
         super().__init__(f"{reason}; {hint}")
         self.reason = reason
+
+
+class PlanError(SrcDaskError, MemoryError):
+    """A problem that cannot fit: one sketch column or one row of a projected core
+    needs more memory than a task may use. Raised by the plan, before any work."""

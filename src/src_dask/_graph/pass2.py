@@ -155,13 +155,18 @@ class _Pass2:
         """Site ``j``'s step; returns the next site's ``Z`` (None: to be projected from
         the returned environment) and that environment."""
         g = self.g
-        step = self.sweep.pass2.step(self.sweep.z_blocks[j], self.sweep.z_blocks[j - 1])
+        sweep = self.sweep
+        step = sweep.pass2.step(sweep.z_blocks[j], sweep.z_blocks[j - 1],
+                                fits=sweep.fits[j] if sweep.fits else True,
+                                bounded=sweep.bounded[j] if sweep.bounded else False)
         state = self.qr(j, z, step)
         self.out[j] = g.add((g.name("pass2", j), "core"), operator.getitem, state, 0)
         if step.chain:
             return None, self.chain(j, z)
-        if step.whole and self.sweep.pass2.together and j > 1:
-            return _Z([state], in_state=True), None  # the next site's task picks Z out
+        # the next site's task picks Z out of this state when it is one fused task too
+        fused_next = not self.sweep.fits or self.sweep.fits[j - 1]
+        if step.whole and self.sweep.pass2.together and j > 1 and fused_next:
+            return _Z([state], in_state=True), None
         if step.whole:
             return _Z([g.add((g.name("pass2", j - 1), "project", 0), operator.getitem,
                              state, 2)]), None
