@@ -133,8 +133,7 @@ class SweepPlan:
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
                       for j, b in enumerate(blocks)]
         fits = tuple(one_task(stack, plan, j) for j in range(stack.n))
-        bounded = tuple((fit := z_rows_that_fit(stack, plan, j)) is not None
-                        and z_rows(stack, plan, j) > fit for j in range(stack.n))
+        bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
                    own_streams=own_streams(plan.device, workers),
@@ -286,6 +285,21 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
         raise PlanError(f"site {site}: {what} in a task, but a task may use "
                         f"{plan.task_bytes / 2**20:.1f} MiB ({_remedy()})")
     return int(fit)
+
+
+def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
+    """Whether one task may hold all of ``Z_j`` with the environment it sums into (else
+    the environment is summed block by block); with a cutoff: not known before the
+    run (see :func:`z_rows_that_fit`)."""
+    if plan.task_bytes is None or plan.cutoff > 0:
+        return True
+    rows = z_rows(stack, plan, site)
+    left_rows = z_rows(stack, plan, site - 1) if site > 0 else 1
+    item = stack.dtype.itemsize
+    left = math.prod(stack.left_bonds(site))
+    z = rows * left * stack.up(site) * stack.down(site) * item
+    fixed, _ = row_bytes(stack, site, rows, plan.chunk, left_rows)
+    return z + fixed <= plan.task_bytes
 
 
 def one_task(stack: Stack, plan: Plan, site: int) -> bool:
