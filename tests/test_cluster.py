@@ -267,3 +267,22 @@ def test_two_nodes_script_runs_with_cpu_workers(tmp_path):
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
             if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
+
+
+def test_free_memory_of_workers_is_their_limit_less_what_they_hold(tmp_path):
+    """What a run's tasks are sized from: a worker process's limit less its RSS; a
+    worker in the client's own process its limit (the process's RSS is the client's)."""
+    from distributed import Client, LocalCluster
+
+    from src_dask._cluster import free_memory
+
+    limit = 600 * 2**20
+    with LocalCluster(n_workers=1, threads_per_worker=2, memory_limit=limit,
+                      dashboard_address=None, local_directory=str(tmp_path)) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        free, threads = free_memory(client, "cpu")
+        assert threads == 2 and 0 < free < limit
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit, processes=False,
+                      dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        assert free_memory(client, "cpu") == (limit, 1)

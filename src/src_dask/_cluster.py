@@ -237,7 +237,7 @@ def free_memory(client: Any, device: str) -> tuple[int | None, int]:
         size = _free(device)
         threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
     else:
-        frees = list(client.run(_free, device).values())
+        frees = list(client.run(_free, device, os.getpid()).values())
         size = min(frees) if frees and None not in frees else None
         threads = max(client.nthreads().values(), default=1)
     if given not in (None, "auto"):
@@ -245,13 +245,15 @@ def free_memory(client: Any, device: str) -> tuple[int | None, int]:
     return size, max(1, threads)
 
 
-def _free(device: str, dask_worker: Any = None) -> int | None:
+def _free(device: str, client_pid: int | None = None, dask_worker: Any = None) -> int | None:
     try:
         if device == "gpu":
             return _memory(device)
         import psutil
 
         limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        if limit and os.getpid() == client_pid:  # a worker in the client's process: its
+            return int(limit)  # memory is the client's too, so the limit is what it has
         if limit:
             return max(0, int(limit) - psutil.Process().memory_info().rss)
         return int(psutil.virtual_memory().available)
