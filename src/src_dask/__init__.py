@@ -10,12 +10,14 @@ compression (SRC), run as a Dask task graph.
 import logging
 
 from . import problems
-from ._api import apply, compress, src
+from ._api import apply, compress, plan, src
 from ._cluster import cluster
+from ._estimate import RunPlan
 from .storage import open, save
 from .trains import TensorTrain
 
-__all__ = ["TensorTrain", "apply", "cluster", "compress", "open", "problems", "save", "src"]
+__all__ = ["RunPlan", "TensorTrain", "apply", "cluster", "compress", "open", "plan", "problems",
+           "save", "src"]
 __version__ = "0.1.0"
 
 logging.getLogger("src_dask").addHandler(logging.NullHandler())

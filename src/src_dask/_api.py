@@ -1,4 +1,4 @@
-"""The public entry points: ``src``, ``apply`` and ``compress``.
+"""The public entry points: ``src``, ``apply``, ``compress`` and ``plan``.
 
 ``src`` checks its options, brings the factors to one normal form
 (:mod:`._stack`), asks the plan (:mod:`._plan`) for every size, opens the run
@@ -18,9 +18,10 @@ from typing import Any, TextIO
 import dask
 import dask.utils
 
-from . import _arraylike, _graph, _paths, _plan, _progress, _random, _runstore
+from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore
 from . import _kernels as K
-from ._cluster import choose_device, free_memory, worker_memory
+from ._cluster import choose_device, free_memory, worker_facts, worker_memory
+from ._estimate import RunPlan
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
 from ._stack import Stack, make_stack
@@ -92,24 +93,73 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         arrays. Without oversampling it is right-canonical (all the norm in
         site 0); after rounding it is left-canonical (the norm in the last site).
     """
+    stack, plan, client, store, seed, extra = _prepare(
+        trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
+    progress = _progress.check_progress(progress)
+    performance_report = _progress.check_report(performance_report, client)
+    if store is None:
+        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
+                    progress, performance_report)
+    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
+             "dtype": stack.dtype.name, "seed": seed}
+    return _run_in_store(stack, plan, store, asked, overwrite, client, progress,
+                         performance_report)
+
+
+def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
+         dtype: Any = None, seed: int | None = None, chunk: int | None = None,
+         client: Any = None, store: str | os.PathLike | None = None,
+         overwrite: bool = False, progress: bool | TextIO = False,
+         performance_report: str | os.PathLike | None = None) -> RunPlan:
+    """What :func:`src` with the same arguments would do and need, without doing it.
+
+    Nothing is computed and nothing is written: the result says the per-worker
+    peak memory (host, and device on a GPU run), the bytes of the environments,
+    the disk a ``store`` needs, the FLOPs of each pass, the number of tasks and
+    the chosen ``chunk`` and blocks; ``print`` it for a summary. A problem that
+    cannot run is refused as :func:`src` refuses it, before any work: a
+    :class:`~src_dask.errors.PlanError` (a ``MemoryError``) when one sketch
+    column or one environment sum does not fit a worker, an ``OSError`` when
+    the store does not fit its disk.
+    """
+    stack, p, client, store, _, _ = _prepare(
+        trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
+    _progress.check_progress(progress)
+    _progress.check_report(performance_report, client)
+    if store is not None:
+        _paths.check_space(store, _runstore.planned_bytes(stack, p.sketch), "the run store")
+    workers = None if client is None else sorted(client.scheduler_info()["workers"])
+    graph = _graph.build(stack, p, workers)
+    return _estimate_of(stack, p, client, store is not None, len(graph.__dask_graph__()))
+
+
+def _prepare(trains: tuple[Any, ...], chi_out: Any, oversample: Any, cutoff: Any, dtype: Any,
+             seed: Any, chunk: Any, client: Any, store: Any
+             ) -> tuple[Stack, _plan.Plan, Any, str | None, int | None, int]:
+    """The checked options of :func:`src` and :func:`plan`: ``(stack, plan, client,
+    store path, seed, oversample)``; the plan's key is set once the seed is known."""
     chi_out = _positive_int(chi_out, "chi_out")
     extra, cutoff = _oversample(oversample, chi_out), _cutoff(cutoff)
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed: expected None or a non-negative int, got {seed!r}")
     seed = None if seed is None else int(seed)  # NumPy integers too
     chunk = None if chunk is None else _positive_int(chunk, "chunk")
-    client, progress = _client(client), _progress.check_progress(progress)
-    performance_report = _progress.check_report(performance_report, client)
+    client = _client(client)
     store = None if store is None else _runstore.check_path(store)
     stack = make_stack(trains, dtype)
-    plan = _plan_for(stack, chi_out, extra, cutoff, chunk, client)
-    if store is None:
-        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                    progress, performance_report)
-    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": cutoff,
-             "dtype": stack.dtype.name, "seed": seed}
-    return _run_in_store(stack, plan, store, asked, overwrite, client, progress,
-                         performance_report)
+    return stack, _plan_for(stack, chi_out, extra, cutoff, chunk, client), client, store, \
+        seed, extra
+
+
+def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, store: bool,
+                 tasks: int) -> RunPlan:
+    """The :class:`RunPlan` of a run of ``tasks`` tasks."""
+    workers = None if client is None else sorted(client.scheduler_info()["workers"])
+    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    return _estimate.estimate(
+        stack, sweep, _estimate.Workers(**worker_facts(client, plan.device)), store=store,
+        tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
+        product=_estimate.describe_product(stack))
 
 
 def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None,
@@ -164,6 +214,9 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
     log.info("src: %s", summary)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
+    if log.isEnabledFor(logging.INFO):
+        log.info("src: %s", _estimate_of(stack, plan, client, run is not None,
+                                          len(graph.__dask_graph__())))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     in_graph = sum(K.nbytes(c) for f in stack.factors for c in f.train if is_in_memory(c))

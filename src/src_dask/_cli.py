@@ -3,6 +3,7 @@
     src-dask demo                                  the quick-start problem on a local cluster
     src-dask generate mpo A.zarr --sites 50 --bond 4          reference problems into Zarr
     src-dask run A.zarr x.zarr --chi-out 64 --out y.zarr      compress a product of saved trains
+    src-dask plan A.zarr x.zarr --chi-out 64       what that run would need, running nothing
     src-dask info y.zarr                           what a train, stack or run store holds
 
 Exit status: 0 on success, 1 when a run fails or an input is bad, 2 for a
@@ -595,6 +596,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(args: argparse.Namespace) -> int:
+    """What ``run`` with the same arguments would need (``src_dask.plan``), printed;
+    nothing is computed or written. A problem that cannot fit is an error (exit 1)."""
+    import dataclasses
+
+    import src_dask
+
+    args.security = _security(args)
+    if args.protocol is not None and args.gpus is None:
+        args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
+    trains = _open_inputs(args.trains)
+    options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
+               "dtype": args.dtype, "chunk": args.chunk, "store": args.store}
+    with _compute_client(args) as client:
+        result = src_dask.plan(*trains, **options, client=client)
+    _out(json.dumps(dataclasses.asdict(result), indent=1) if args.json else str(result))
+    return 0
+
+
 # -- info -------------------------------------------------------------------------------------
 def _ints(values: Sequence[Any], head: int = 6) -> str:
     """A long list of bonds or legs, shortened in the middle."""
@@ -713,7 +733,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="show the full traceback of an error (for developers)")
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=_FORMAT)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_demo, _add_generate, _add_run, _add_info):
+    for add in (_add_demo, _add_generate, _add_run, _add_plan, _add_info):
         add(sub, common)
     return parser
 
@@ -845,6 +865,40 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
                    "(a store of the same run is resumed, not replaced)")
     _add_cluster_options(p)
     p.set_defaults(func=run, parser=p)
+
+
+def _add_plan(sub: Any, common: argparse.ArgumentParser) -> None:
+    fmt = _FORMAT
+    p = sub.add_parser(
+        "plan", parents=[common], formatter_class=fmt,
+        help="say what 'run' would need (memory per worker, disk, FLOPs, tasks); run nothing",
+        description=_wrap(
+            "The plan of 'src-dask run' with the same trains and options (src_dask.plan): "
+            "sketch blocks, projected-core row blocks, the peak memory of each worker "
+            "(host, and device on GPUs), the environments' bytes, the disk a --store "
+            "needs, FLOPs per pass and the number of tasks. Nothing is computed; a "
+            "problem that cannot fit the workers or the disk is refused (exit 1) with "
+            "the numbers.",
+            "The workers planned for: --scheduler-file (a running cluster), --gpus or "
+            "--workers (a local cluster, started to ask its workers what they have), else "
+            "Dask's threaded scheduler in this process."))
+    p.add_argument("trains", nargs="+", metavar="TRAIN",
+                   help="saved trains (src_dask.save / 'src-dask generate'), leftmost first")
+    p.add_argument("--chi-out", type=_positive_int, required=True, metavar="N",
+                   help="bond dimension of the result")
+    p.add_argument("--oversample", type=_oversample, default=0, metavar="N|auto",
+                   help="extra sketch columns, or 'auto' (default 0)")
+    p.add_argument("--cutoff", type=_cutoff, default=0.0, metavar="X",
+                   help="relative singular-value threshold in [0, 1) (default 0)")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="working and output dtype (default: promoted from the inputs)")
+    p.add_argument("--chunk", type=_positive_int, metavar="N",
+                   help="sketch columns per block (default: planned)")
+    p.add_argument("--store", metavar="DIR",
+                   help="plan a run with a run store there (its disk is checked)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_cluster_options(p)
+    p.set_defaults(func=plan, parser=p)
 
 
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:

@@ -245,6 +245,53 @@ def free_memory(client: Any, device: str) -> tuple[int | None, int]:
     return size, max(1, threads)
 
 
+def worker_facts(client: Any, device: str) -> dict[str, Any]:
+    """What the smallest worker holds and may hold now, for a run's memory estimate
+    (``_estimate.Workers``): ``count``, ``threads``, ``rss`` (the most any worker's
+    process holds), ``host_limit``, ``keep`` (the bytes of data Dask keeps in its
+    memory before spilling to disk) and ``device_limit`` (dask-cuda's, else the
+    GPU's memory); None where not limited."""
+    if client is None:
+        facts = [_facts(device)]
+        threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
+    else:
+        facts = list(client.run(_facts, device).values())
+        threads = max(client.nthreads().values(), default=1)
+    if not facts:
+        raise RuntimeError("the cluster has no workers")
+
+    def smallest(key: str) -> int | None:
+        values = [f[key] for f in facts]
+        return None if None in values else min(values)
+
+    return {"count": len(facts), "threads": max(1, threads),
+            "rss": max(f["rss"] for f in facts), "host_limit": smallest("host_limit"),
+            "keep": smallest("keep"), "device_limit": smallest("device_limit")}
+
+
+def _facts(device: str, dask_worker: Any = None) -> dict[str, Any]:
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    manager = getattr(dask_worker, "memory_manager", None)
+    limit = getattr(manager, "memory_limit", None) or None
+    keep = None
+    if limit:  # data beyond the target is spilled, and beyond the spill threshold of
+        # the process's memory (what it holds besides counts too)
+        target = getattr(manager, "memory_target_fraction", False)
+        spill = getattr(manager, "memory_spill_fraction", False)
+        bounds = ([target * limit] if target else []) + ([spill * limit - rss] if spill else [])
+        keep = max(0, int(min(bounds))) if bounds else None
+    device_limit = None
+    if device == "gpu":
+        data = getattr(dask_worker, "data", None)
+        device_limit = (getattr(data, "device_memory_limit", None)
+                        or getattr(getattr(data, "manager", None), "device_memory_limit", None)
+                        or _memory("gpu"))
+    return {"rss": rss, "host_limit": int(limit) if limit else None, "keep": keep,
+            "device_limit": int(device_limit) if device_limit else None}
+
+
 def _free(device: str, client_pid: int | None = None, dask_worker: Any = None) -> int | None:
     try:
         if device == "gpu":

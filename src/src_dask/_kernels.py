@@ -135,6 +135,30 @@ def contract(eq: str, *arrays: Any) -> Any:
     return res.transpose(tuple(final.index(c) for c in out))
 
 
+def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...]) -> int:
+    """Elements :func:`contract` holds at once besides its inputs, for arrays of
+    ``shapes``: at each pairwise step the intermediates still alive, the
+    transposed copies of the two operands and the product (its result included)."""
+    steps, _ = _plan(eq, tuple(tuple(int(d) for d in s) for s in shapes))
+    ops = [(prod(s), False) for s in shapes]  # (elements, made here)
+    peak = 0
+    for pos, how, spec in steps:
+        picked = [ops[p] for p in pos]
+        ops = [o for i, o in enumerate(ops) if i not in pos]
+        alive = sum(n for n, made in ops if made) + sum(n for n, made in picked if made)
+        if how == "einsum":
+            out = max(n for n, _ in picked)
+            copies = 0
+        else:
+            _, _, perm_a, perm_b, shape_a, shape_b, shape_out = spec
+            out = prod(shape_out)
+            copies = (prod(shape_a) * (list(perm_a) != sorted(perm_a))
+                      + prod(shape_b) * (list(perm_b) != sorted(perm_b)))
+        peak = max(peak, alive + copies + out)
+        ops.append((out, True))
+    return peak
+
+
 # Letters for a, b and x; s, r and l are reserved for the sketch and bond axes.
 _LETTERS = [c for c in map(oe.get_symbol, range(400)) if c not in "srl"]
 

@@ -1,0 +1,256 @@
+"""What a planned run needs — memory per worker, disk, FLOPs, tasks — worked out
+from the plan's decisions (:mod:`._plan`) before anything is computed.
+
+:func:`estimate` turns a :class:`~src_dask._plan.SweepPlan` and what the workers
+hold now (:class:`Workers`) into a :class:`RunPlan`, the object
+:func:`src_dask.plan` returns and :func:`src_dask.src` logs. The memory model
+follows the sweep (docs/design.md §9): a worker's peak comes at the turn from
+pass 1 to pass 2, when it holds the environments of its blocks of sketch
+columns (up to the share Dask keeps before spilling, the rest spilled to disk)
+beside the tasks it runs at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import _kernels as K
+from ._plan import Plan, SweepPlan, z_rows
+from ._stack import Stack
+
+
+@dataclass(frozen=True)
+class Workers:
+    """What the smallest (or busiest) worker of a run has now."""
+
+    count: int  # workers (1: Dask's local scheduler in this process)
+    threads: int  # tasks one worker runs at once
+    rss: int  # resident bytes its process holds already (the interpreter, libraries)
+    host_limit: int | None  # its memory limit (None: not limited)
+    keep: int | None  # bytes of data Dask keeps in its memory before spilling
+    device_limit: int | None = None  # a GPU worker's device memory limit
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run of :func:`src_dask.src` will need, decided before any work.
+
+    Bytes are per worker unless named otherwise; ``peak_host`` is the resident
+    memory its process is expected to reach (with what it holds already),
+    ``peak_device`` the device memory its arrays reach on a GPU run (None on a CPU).
+    ``str()`` gives a readable summary.
+    """
+
+    product: str  # e.g. "MPO·MPS (ket), 40 sites, bonds 8·16, complex128"
+    device: str
+    workers: int
+    threads: int  # per worker
+    chi_out: int
+    sketch: int  # sketch columns (chi_out + oversample, capped by the product's rank)
+    chunk: int  # sketch columns per block
+    blocks: int  # blocks of sketch columns (pass 1's independent chains)
+    z_blocks: tuple[int, ...]  # row blocks of each site's projected core in pass 2
+    task_bytes: int | None  # the memory one task is sized to (None: not bounded)
+    input_bytes: int
+    env_bytes: int  # all sketched environments C_1 … C_{n-1}
+    store_bytes: int  # disk a run store needs
+    flops: dict[str, float]  # per pass: "pass 1", "pass 2", "rounding"
+    tasks: int
+    peak_host: int
+    peak_device: int | None
+    spilled: int  # environment bytes a worker is expected to spill (to host or disk)
+    host_limit: int | None = None
+    device_limit: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def total_flops(self) -> float:
+        return sum(self.flops.values())
+
+    def __str__(self) -> str:
+        from ._progress import format_bytes as b
+
+        def limit(x: int | None) -> str:
+            return f" (limit {b(x)})" if x else ""
+
+        lines = [
+            f"SRC plan: {self.product}",
+            f"  chi_out {self.chi_out}, sketch {self.sketch} columns in {self.blocks} "
+            f"block{'s' * (self.blocks > 1)} of {self.chunk}; projected cores in up to "
+            f"{max(self.z_blocks)} row block{'s' * (max(self.z_blocks) > 1)}",
+            f"  on the {self.device.upper()}: {self.workers} worker"
+            f"{'s' * (self.workers > 1)} x {self.threads} thread{'s' * (self.threads > 1)}"
+            + (f", tasks sized to {b(self.task_bytes)}" if self.task_bytes else ""),
+            f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
+            f"run store {b(self.store_bytes)} of disk",
+            f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
+            + (f", device {b(self.peak_device)}{limit(self.device_limit)}"
+               if self.peak_device is not None else "")
+            + (f"; spills about {b(self.spilled)}" if self.spilled else ""),
+            "  FLOPs: " + ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items())
+            + f" (total {self.total_flops:.3g}); {self.tasks} tasks",
+        ]
+        return "\n".join(lines + [f"  {n}" for n in self.notes])
+
+
+def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
+             tasks: int, store_bytes: int, product: str) -> RunPlan:
+    """The :class:`RunPlan` of ``sweep`` on ``workers`` (``store``: with a run store;
+    ``tasks``: the graph's task count).
+
+    What a worker holds, over the sweep: at the end of pass 1 the environments of
+    its column blocks (pinned round robin), beside pass 1's tasks; at site ``j``
+    of pass 2 (right to left) those of sites ``1 … j`` not yet used, ``Z_j``, and
+    the step's task making ``Z_{j-1}``. With a store the environments are on disk
+    and only a site's are read back at a time. Data beyond what Dask keeps in
+    memory (``Workers.keep``; on a GPU, beyond the device limit) is spilled.
+    """
+    plan = sweep.plan
+    item = stack.dtype.itemsize
+    inputs = sum(math.prod(s) * item for j in range(stack.n) for s in stack.shapes(j))
+    mine = min(1.0, math.ceil(len(plan.blocks) / max(1, workers.count)) * plan.chunk
+               / plan.sketch)  # the busiest worker's share of the sketch columns
+    env = [0] + [plan.sketch * math.prod(stack.left_bonds(j)) * item * mine
+                 for j in range(1, stack.n)]
+    ahead = _inputs_in_flight(stack, sweep)
+    pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * _pass1_task(stack,
+                                                                                 plan.chunk)
+    held = [(max(env) if store else sum(env), pass1 + ahead)]  # (data held, tasks) over time
+    threads = 1 if sweep.pass2.together else workers.threads
+    for j in range(stack.n - 1, -1, -1):
+        envs = env[j] if store else sum(env[:j + 1])
+        held.append((envs + _z_bytes(stack, plan, j), threads * _pass2_task(stack, sweep, j)
+                     + ahead))
+    device_keep = workers.device_limit if plan.device == "gpu" else None
+    peak_host = peak_device = spilled = 0
+    for data, running in held:
+        here = data if device_keep is None else min(data, device_keep)
+        host = data - here if plan.device == "gpu" else data
+        kept = host if workers.keep is None else min(host, workers.keep)
+        spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
+        if plan.device == "gpu":
+            peak_device = max(peak_device, here + running)
+            peak_host = max(peak_host, workers.rss + kept)
+        else:
+            peak_host = max(peak_host, workers.rss + kept + running)
+    return RunPlan(
+        product=product, device=plan.device, workers=workers.count, threads=workers.threads,
+        chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
+        z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
+        env_bytes=int(sum(env) / mine), store_bytes=store_bytes,
+        flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
+        peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
+        spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit)
+
+
+def _pass1_task(stack: Stack, chunk: int) -> int:
+    """Bytes of pass 1's largest task: a block of ``chunk`` columns through one site,
+    its environment in and the contraction's temporaries and result."""
+    eq = K._sketch_step_eq(len(stack.factors))
+    most = max(K.contraction_elements(eq, _sketch_shapes(stack, j, chunk))
+               + chunk * math.prod(stack.left_bonds(j)) for j in range(stack.n))
+    return most * stack.dtype.itemsize
+
+
+def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
+    """Bytes of the largest pass-2 task of site ``j`` besides the data it reads: a
+    row block of ``Z`` projected (its rows of ``S`` in, the contraction's temporaries
+    and result), its sketch piece, or the environment update (η and ``S_{j-1}``)."""
+    plan = sweep.plan
+    rows = z_rows(stack, plan, j)
+    block = math.ceil(rows / sweep.z_blocks[j])
+    q = z_rows(stack, plan, j - 1) if j > 0 else 1
+    ud = stack.up(j) * stack.down(j)
+    left = math.prod(stack.left_bonds(j))
+    right = math.prod(s[1] for s in stack.shapes(j))
+    project = K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
+    sketch = plan.chunk * block * ud
+    update = q * rows * ud + 2 * q * left
+    return (max(project + block * right, sketch, update)) * stack.dtype.itemsize
+
+
+def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
+    """Bytes of the projected core ``Z_j`` (at most)."""
+    return (z_rows(stack, plan, j) * math.prod(stack.left_bonds(j)) * stack.up(j)
+            * stack.down(j) * stack.dtype.itemsize)
+
+
+def _inputs_in_flight(stack: Stack, sweep: SweepPlan) -> int:
+    """Input cores read ahead of their use (``lookahead`` sites)."""
+    item = stack.dtype.itemsize
+    site = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n)) * item
+    return (sweep.lookahead + 1) * site
+
+
+# -- FLOPs ------------------------------------------------------------------------------
+def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool) -> dict[str, float]:
+    """FLOPs of each pass as the kernels execute them (their contraction paths; a
+    complex multiply-add is 8 flop, a real one 2; QRs and SVDs counted as
+    ``O(m n^2)`` with the constants of Householder QR and of an SVD)."""
+    mul = 8 if stack.dtype.kind == "c" else 2
+    p1 = p2 = rnd = 0.0
+    for j in range(stack.n - 1):  # pass 1: C_j -> C_{j+1} for every column
+        p1 += _path_madds(K._sketch_step_eq(len(stack.factors)),
+                          _sketch_shapes(stack, j, sketch))
+    for j in range(stack.n):
+        rows = z_rows(stack, _Width(sketch), j)
+        left = math.prod(stack.left_bonds(j))
+        ud = stack.up(j) * stack.down(j)
+        p2 += _project_madds(stack, j, rows)
+        if j > 0:
+            q = z_rows(stack, _Width(sketch), j - 1)
+            p2 += sketch * left * rows * ud  # sketch M = C_j Z_j
+            p2 += q * rows * ud * left  # S_{j-1} = conj(η) Z_j
+            p2 += rows * ud * q * q  # Householder QR of the (rows·ud) x q sketch
+        if rounding and j < stack.n - 1:  # SVD of the (left·ud) x right core
+            m = (z_rows(stack, _Width(sketch), j - 1) if j else 1) * ud
+            r = min(rows, m)
+            rnd += 2 * m * r * r + 11 * r**3  # Golub & Van Loan's R-SVD, in multiply-adds
+    return {"pass 1": p1 * mul, "pass 2": p2 * mul, **({"rounding": rnd * mul} if rounding else {})}
+
+
+@dataclass(frozen=True)
+class _Width:  # a stand-in plan for z_rows: only the sketch width matters
+    sketch: int
+
+
+def _sketch_shapes(stack: Stack, j: int, sketch: int) -> tuple[tuple[int, ...], ...]:
+    shapes = stack.shapes(j)
+    return ((sketch,) + tuple(s[0] for s in shapes), (sketch, shapes[0][2], shapes[-1][3]),
+            *(tuple(s) for s in shapes))
+
+
+def _project_eq(stack: Stack) -> str:
+    k = len(stack.factors)
+    a, b, x = K._symbols(k)
+    return ",".join(K._core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+
+
+def _project_shapes(stack: Stack, j: int, rows: int) -> tuple[tuple[int, ...], ...]:
+    shapes = stack.shapes(j)
+    return (*(tuple(s) for s in shapes), (rows,) + tuple(s[1] for s in shapes))
+
+
+def _project_madds(stack: Stack, j: int, rows: int) -> float:
+    return _path_madds(_project_eq(stack), _project_shapes(stack, j, rows))
+
+
+def _path_madds(eq: str, shapes: tuple[tuple[int, ...], ...]) -> float:
+    """Multiply-adds of the pairwise GEMMs the kernels run for ``eq``."""
+    steps, _ = K._plan(eq, tuple(tuple(s) for s in shapes))
+    total = 0.0
+    for _, how, spec in steps:
+        if how == "matmul":
+            nb, nfa, nc = spec[4]
+            total += nb * nfa * nc * spec[5][2]
+    return total
+
+
+def describe_product(stack: Stack) -> str:
+    factors = stack.factors[::-1] if stack.bra else stack.factors
+    kinds = "·".join(f.train.kind.upper() for f in factors)
+    bonds = "·".join(str(max(f.padded_shape(j)[0] for j in range(stack.n))) for f in factors)
+    return (f"{kinds} ({'bra' if stack.bra else 'ket'}), {stack.n} sites, bonds {bonds}, "
+            f"{stack.dtype}")
+
