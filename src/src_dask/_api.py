@@ -130,7 +130,7 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
         _paths.check_space(store, _runstore.planned_bytes(stack, p.sketch), "the run store")
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, p, workers)
-    return _estimate_of(stack, p, client, store is not None, len(graph.__dask_graph__()))
+    return _estimate_of(stack, p, client, store is not None, _graph.task_count(graph))
 
 
 def _prepare(trains: tuple[Any, ...], chi_out: Any, oversample: Any, cutoff: Any, dtype: Any,
@@ -175,9 +175,11 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     keep = _plan.keep_inputs(lazy, worker_memory(client, device) if lazy else None)
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
-    return _plan.Plan(sketch=sketch, chunk=chunk, chi_out=min(chi_out, sketch), cutoff=cutoff,
+    plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=min(chi_out, sketch), cutoff=cutoff,
                       key=0, round=extra > 0, device=device, to_host=to_host,
                       keep_inputs=keep, task_bytes=task)
+    _plan.check_fits(stack, plan)  # refused before a store or a graph is made
+    return plan
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
@@ -216,7 +218,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
     graph = _graph.build(stack, plan, workers, run, resume)
     if log.isEnabledFor(logging.INFO):
         log.info("src: %s", _estimate_of(stack, plan, client, run is not None,
-                                          len(graph.__dask_graph__())))
+                                          _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     in_graph = sum(K.nbytes(c) for f in stack.factors for c in f.train if is_in_memory(c))

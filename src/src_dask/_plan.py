@@ -302,6 +302,13 @@ def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
     return z + fixed <= plan.task_bytes
 
 
+def check_fits(stack: Stack, plan: Plan) -> None:
+    """A :class:`~src_dask.errors.PlanError` now, before any work, where some site's
+    pass-2 task cannot fit ``plan.task_bytes`` (see :func:`z_rows_that_fit`)."""
+    for site in range(stack.n):
+        z_rows_that_fit(stack, plan, site)
+
+
 def one_task(stack: Stack, plan: Plan, site: int) -> bool:
     """Whether the whole step of ``site`` fits one task: ``C_j``, ``Z_j`` and the next
     site's ``Z`` whole, with the environments and the projection's intermediates

@@ -21,7 +21,7 @@ from .._stack import Stack
 from . import keys, pass1, pass2, tasks
 from .builder import GraphBuilder, Inputs
 
-__all__ = ["build", "keys", "outputs", "tasks"]
+__all__ = ["build", "keys", "outputs", "task_count", "tasks"]
 
 
 def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
@@ -54,6 +54,11 @@ def _rounding(g: GraphBuilder, out: list[Any], plan: Plan) -> list[Any]:
         rounded.append(g.add((g.name("round", j), "core"), operator.getitem, step, 0))
         carry = g.add((g.name("round", j), "carry"), operator.getitem, step, 1)
     return rounded
+
+
+def task_count(graph: Delayed) -> int:
+    """Tasks a scheduler runs for ``graph`` (what its result does not need is culled)."""
+    return len(graph.__dask_graph__().cull({graph.key}))
 
 
 def outputs(graph: Delayed) -> list[Delayed]:

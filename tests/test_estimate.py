@@ -1,0 +1,166 @@
+"""``src_dask.plan``: what a run needs, said before it runs — and what the run then does.
+
+The per-worker peaks are checked against the resident memory sampled on every
+worker of a real run (within 25 %), the task count against the tasks Dask runs,
+the FLOPs against counts worked out by hand; problems that cannot fit are
+refused before any work, by ``plan`` and ``src`` alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+
+import dask
+import numpy as np
+import psutil
+import pytest
+from dask.callbacks import Callback
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
+from helpers import random_mpo, random_mps
+
+import src_dask
+from src_dask import RunPlan, problems
+from src_dask.errors import PlanError
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _stack(depth: int, n: int, bond: int, phys: int = 2):
+    mpos = [problems.random_mpo(n, bond, phys, seed=s) for s in range(1, depth)]
+    return (*mpos, problems.random_mps(n, bond, phys, seed=depth))
+
+
+class _Ran(Callback):
+    """Counts the tasks Dask's local scheduler runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def _pretask(self, key, dask, state):
+        self.count += 1
+
+
+def test_plan_computes_nothing_and_says_what_the_run_does():
+    trains = (random_mpo(7, 3, 3, seed=1), random_mps(7, [2, 5, 4, 6, 3, 2], 3, seed=2))
+    with _Ran() as ran:
+        p = src_dask.plan(*trains, chi_out=6, oversample=2, seed=3)
+    assert ran.count == 0 and isinstance(p, RunPlan)
+    assert (p.sketch, p.chi_out, p.workers, p.device) == (8, 6, 1, "cpu")
+    assert p.chunk * p.blocks >= p.sketch > p.chunk * (p.blocks - 1)
+    assert len(p.z_blocks) == 7 and "rounding" in p.flops
+    with _Ran() as ran:
+        src_dask.src(*trains, chi_out=6, oversample=2, seed=3, chunk=p.chunk,
+                     client=None)
+    assert ran.count == p.tasks  # every task of the graph runs once
+    text = str(p)
+    for word in ("MPO·MPS", "chi_out 6", "sketch 8", "peak per worker", "FLOPs", "tasks"):
+        assert word in text, text
+    json.dumps(dataclasses.asdict(p))  # plain data
+
+
+def test_flops_follow_the_shapes():
+    """Pass 1 grows with the sketch columns, complex costs 4x real, and for one MPS the
+    count is the hand count: site j multiplies s x b_{j-1} by b_{j-1} x (d b_j)."""
+    n, bond, d = 10, 16, 2  # ranks up to 16: neither sketch is capped
+    mps = problems.random_mps(n, bond, d, seed=1)
+    one = src_dask.plan(mps, chi_out=3).flops
+    two = src_dask.plan(mps, chi_out=6).flops
+    assert two["pass 1"] == pytest.approx(2 * one["pass 1"])
+    bonds = [1, *mps.bond_dims, 1]
+    hand = sum(3 * bonds[j] * d * bonds[j + 1] for j in range(n - 1))
+    assert one["pass 1"] == pytest.approx(8 * hand, rel=0.1)  # + contracting Ω
+    real = src_dask.plan(problems.random_mps(n, bond, d, seed=1, dtype=np.float64),
+                         chi_out=3).flops
+    assert one["pass 2"] == pytest.approx(4 * real["pass 2"])
+
+
+class _PeakRSS(WorkerPlugin):
+    name = "peak-rss"
+
+    def setup(self, worker):
+        self.peak = 0
+        proc = psutil.Process()
+
+        def sample():
+            while True:
+                self.peak = max(self.peak, proc.memory_info().rss)
+                time.sleep(0.005)
+
+        threading.Thread(target=sample, daemon=True).start()
+
+
+@pytest.mark.parametrize("depth, n, bond, chi, limit, store", [
+    (2, 24, 48, 384, 800 * 2**20, False),  # environments dominate
+    (3, 16, 10, 300, 500 * 2**20, True),  # depth 3, a run store
+    (4, 14, 6, 216, 500 * 2**20, False),  # depth 4: the contractions' temporaries
+])
+def test_planned_peaks_are_the_measured_ones(tmp_path, depth, n, bond, chi, limit, store):
+    trains = _stack(depth, n, bond)
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit,
+                      dashboard_address=None, local_directory=str(tmp_path / "w")) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        client.register_plugin(_PeakRSS())
+        options = {"chi_out": chi, "seed": 1, "client": client,
+                   "store": tmp_path / "run" if store else None}
+        p = src_dask.plan(*trains, **options)
+        src_dask.src(*trains, **options)
+        peaks = client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)
+    assert p.workers == 2 and p.host_limit == limit
+    measured = max(peaks.values())
+    assert 0.75 * measured <= p.peak_host <= 1.25 * measured, (p.peak_host, peaks, str(p))
+
+
+def test_src_logs_the_plan(caplog):
+    trains = (random_mpo(5, 2, seed=1), random_mps(5, 3, seed=2))
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        src_dask.src(*trains, chi_out=4, seed=1)
+    planned = [r.getMessage() for r in caplog.records if "SRC plan:" in r.getMessage()]
+    assert len(planned) == 1 and "peak per worker" in planned[0]
+
+
+def test_a_column_larger_than_a_worker_is_refused_before_any_work(tmp_path):
+    trains = _stack(2, 8, 32)
+    with dask.config.set({"src_dask.memory-limit": "1 MiB"}), _Ran() as ran:
+        with pytest.raises(PlanError, match="but a task may use"):
+            src_dask.plan(*trains, chi_out=64)
+        with pytest.raises(PlanError, match="but a task may use"):
+            src_dask.src(*trains, chi_out=64, store=tmp_path / "run")
+    assert ran.count == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_store_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    trains = _stack(2, 8, 8)
+    need = src_dask.plan(*trains, chi_out=32).store_bytes
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(need, need - 1000, 1000))
+    with _Ran() as ran:
+        for call in (src_dask.plan, src_dask.src):
+            with pytest.raises(OSError, match=f"needs {need} bytes but only 1000 are free"):
+                call(*trains, chi_out=32, store=tmp_path / "run")
+    assert ran.count == 0 and not (tmp_path / "run").exists()
+
+
+def test_the_command_line_prints_the_plan(tmp_path, capsys):
+    from src_dask._cli import main
+
+    src_dask.save(problems.random_mpo(6, 3, 2, seed=1), tmp_path / "A.zarr")
+    src_dask.save(problems.random_mps(6, 4, 2, seed=2), tmp_path / "x.zarr")
+    args = [str(tmp_path / "A.zarr"), str(tmp_path / "x.zarr"), "--chi-out", "8"]
+    assert main(["plan", *args]) == 0
+    text = capsys.readouterr().out
+    assert "SRC plan: MPO·MPS" in text and "peak per worker" in text
+    assert main(["plan", *args, "--json", "--workers", "1", "--memory-limit", "600MB"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workers"] == 1 and out["host_limit"] == 600 * 10**6 and out["tasks"] > 0
+    with dask.config.set({"src_dask.memory-limit": "1 KiB"}):
+        assert main(["plan", *args]) == 1
+    assert "but a task may use" in capsys.readouterr().err
