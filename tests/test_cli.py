@@ -295,7 +295,7 @@ def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "wrote mps" in captured.out and "passes" not in captured.out
     assert "done: 2 passes over 8 sites" in captured.err  # the bar
-    assert "src-dask: src: MPO·MPS" in captured.err  # the INFO log
+    assert "src-dask: src: SRC plan: MPO·MPS" in captured.err  # the INFO log
     assert main(["run", str(a), str(x), "--chi-out", "6", "--report", "r.html",
                  "--out", str(tmp_path / "z")]) == 1
     assert "--report: Dask's performance report needs a cluster" in error_line(capsys)

@@ -274,6 +274,7 @@ def test_logging_is_informative_at_info(caplog):
     with caplog.at_level(logging.INFO, logger="src_dask"):
         src_dask.apply(a, x, 12, seed=0)
     start, end = (r.getMessage() for r in caplog.records if r.name == "src_dask")
-    assert start.startswith("src: MPO·MPS (ket), 8 sites, bonds 3·6, complex128, inputs ")
-    assert "chi_out 12, sketch 12" in start and "on the CPU, Dask's local scheduler" in start
+    assert start.startswith("src: SRC plan: MPO·MPS (ket), 8 sites, bonds 3·6, complex128\n")
+    assert "chi_out 12, sketch 12" in start and "on the CPU: " in start
+    assert "(Dask's local scheduler)" in start and "inputs " in start
     assert end.startswith("src: done in ") and end.endswith(" s")

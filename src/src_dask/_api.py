@@ -159,7 +159,8 @@ def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, store: bool,
     return _estimate.estimate(
         stack, sweep, _estimate.Workers(**worker_facts(client, plan.device)), store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
-        product=_estimate.describe_product(stack))
+        product=_estimate.describe_product(stack),
+        where="Dask's local scheduler" if client is None else f"at {client.scheduler.address}")
 
 
 def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None,
@@ -213,10 +214,9 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``."""
     summary = _progress.describe(stack, plan, client)
-    log.info("src: %s", summary)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
-    if log.isEnabledFor(logging.INFO):
+    if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, run is not None,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker

@@ -13,7 +13,7 @@ beside the tasks it runs at once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _kernels as K
 from ._plan import Plan, SweepPlan, z_rows
@@ -62,7 +62,7 @@ class RunPlan:
     spilled: int  # environment bytes a worker is expected to spill (to host or disk)
     host_limit: int | None = None
     device_limit: int | None = None
-    notes: tuple[str, ...] = field(default=())
+    where: str = ""  # the scheduler's address, or Dask's local scheduler
 
     @property
     def total_flops(self) -> float:
@@ -81,6 +81,7 @@ class RunPlan:
             f"{max(self.z_blocks)} row block{'s' * (max(self.z_blocks) > 1)}",
             f"  on the {self.device.upper()}: {self.workers} worker"
             f"{'s' * (self.workers > 1)} x {self.threads} thread{'s' * (self.threads > 1)}"
+            + (f" ({self.where})" if self.where else "")
             + (f", tasks sized to {b(self.task_bytes)}" if self.task_bytes else ""),
             f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
             f"run store {b(self.store_bytes)} of disk",
@@ -91,11 +92,11 @@ class RunPlan:
             "  FLOPs: " + ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items())
             + f" (total {self.total_flops:.3g}); {self.tasks} tasks",
         ]
-        return "\n".join(lines + [f"  {n}" for n in self.notes])
+        return "\n".join(lines)
 
 
 def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
-             tasks: int, store_bytes: int, product: str) -> RunPlan:
+             tasks: int, store_bytes: int, product: str, where: str = "") -> RunPlan:
     """The :class:`RunPlan` of ``sweep`` on ``workers`` (``store``: with a run store;
     ``tasks``: the graph's task count).
 
@@ -141,7 +142,8 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         env_bytes=int(sum(env) / mine), store_bytes=store_bytes,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
-        spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit)
+        spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit,
+        where=where)
 
 
 def _pass1_task(stack: Stack, chunk: int) -> int:
@@ -204,7 +206,7 @@ def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool) -> dict[str, 
             p2 += q * rows * ud * left  # S_{j-1} = conj(η) Z_j
             p2 += rows * ud * q * q  # Householder QR of the (rows·ud) x q sketch
         if rounding and j < stack.n - 1:  # SVD of the (left·ud) x right core
-            m = (z_rows(stack, _Width(sketch), j - 1) if j else 1) * ud
+            m = (min(chi_out, z_rows(stack, _Width(sketch), j - 1)) if j else 1) * ud
             r = min(rows, m)
             rnd += 2 * m * r * r + 11 * r**3  # Golub & Van Loan's R-SVD, in multiply-adds
     return {"pass 1": p1 * mul, "pass 2": p2 * mul, **({"rounding": rnd * mul} if rounding else {})}
