@@ -76,7 +76,19 @@ def test_module_entry_point_help():
 
 
 @pytest.mark.parametrize("script", ["quickstart.py"])
-def test_examples_run(script, capsys):
+def test_examples_run(script, capsys, monkeypatch):
     pytest.importorskip("quimb")
+    monkeypatch.setattr(sys, "argv", [script])
     runpy.run_path(str(ROOT / "examples" / script), run_name="__main__")
-    assert "fidelity" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    error = float(re.search(r"relative error against the exact product: (\S+)", out)[1])
+    infidelity = float(re.search(r"1 - fidelity .*: (\S+)", out)[1])
+    assert error < 1e-6 and abs(infidelity) < 1e-12  # chi_out is the product's exact bond
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "ising_evolution.py", "out_of_core.py"])
+def test_example_help_runs_nothing(script):
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0 and res.stdout.startswith("usage:"), res.stderr
+    assert "relative error" not in res.stdout

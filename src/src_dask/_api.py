@@ -26,7 +26,7 @@ from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
 from ._stack import Stack, make_stack
 from ._transfer import is_cupy
-from .trains import TensorTrain
+from .trains import TensorTrain, as_train
 
 log = logging.getLogger("src_dask")
 
@@ -98,12 +98,25 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
     if store is None:
-        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                    progress, performance_report)
-    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
-             "dtype": stack.dtype.name, "seed": seed}
-    return _run_in_store(stack, plan, store, asked, overwrite, client, progress,
-                         performance_report)
+        seed = _random.draw_seed() if seed is None else seed  # drawn here: y.seed says it
+        log.info("src: seed %d", seed)
+        y = _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
+                 progress, performance_report)
+    else:
+        asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
+                 "dtype": stack.dtype.name, "seed": seed}
+        y, seed = _run_in_store(stack, plan, store, asked, overwrite, client, progress,
+                                performance_report)
+    y.seed = seed
+    y._quimb = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
+    return y
+
+
+def _quimb_inputs(trains: tuple[Any, ...], stack: Stack) -> list[TensorTrain]:
+    """The inputs that came as quimb objects (their index and tag names), the result's
+    own kind first: an MPS result takes an MPS's names."""
+    given = [f.train for f in stack.factors if f.train._quimb]
+    return sorted(given, key=lambda t: t.kind != stack.kind)
 
 
 def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0.0,
@@ -185,10 +198,10 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
                   overwrite: bool, client: Any, progress: bool | TextIO,
-                  performance_report: str | None) -> TensorTrain:
+                  performance_report: str | None) -> tuple[TensorTrain, int]:
     """A run into the store at ``path``: resumed, or returned when finished; the
-    result is read from the store. ``asked``: the options as given (with the
-    inputs, they identify the run)."""
+    result is read from the store, with the seed the store's run uses. ``asked``: the
+    options as given (with the inputs, they identify the run)."""
     dirs: dict[str, str] = {}
     for i, f in enumerate(stack.factors):
         dirs.update(_paths.train_dirs(f.train, f"input {f.train.name or i}"))
@@ -198,12 +211,14 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
         sketch=plan.sketch, chunk=plan.chunk, overwrite=overwrite)
     try:
         if run.is_complete():
-            log.info("src: %s holds the finished run; not recomputing", run.path)
-            return run.result(stack.kind)
+            log.info("src: %s holds the finished run (seed %d); not recomputing", run.path,
+                     seed)
+            return run.result(stack.kind), seed
+        log.info("src: seed %d", seed)
         plan = dataclasses.replace(plan, chunk=chunk, key=_random.seed_key(seed), to_host=True)
         _run(stack, plan, client, progress, performance_report, run, resume)
         run.mark_complete()
-        return run.result(stack.kind)
+        return run.result(stack.kind), seed
     finally:
         run.release()
 
@@ -260,14 +275,34 @@ def _compute(graph: Any, client: Any, launch_only: bool = False) -> list[Any]:
     return cores
 
 
-def apply(mpo: Any, x: Any, chi_out: int, **options: Any) -> TensorTrain:
-    """``mpo · x`` compressed to ``chi_out`` (``x`` an MPS or an MPO); see :func:`src`."""
+def apply(mpo: Any, x: Any, chi_out: int | None = None, **options: Any) -> TensorTrain:
+    """``mpo · x`` compressed to ``chi_out`` (``x`` an MPS or an MPO); see :func:`src`.
+
+    The operator comes first, as in quimb's ``A.apply(x)``; a bra ``x·mpo`` is
+    ``src(x, mpo, ...)``."""
+    chi_out = _chi_out(chi_out, options, "apply")
+    op = as_train(mpo, name="apply: mpo")
+    if op.kind == "mps":
+        raise ValueError("apply: the first argument is an MPS, but apply(mpo, x) takes the "
+                         "operator first (mpo · x); for the bra x·mpo call "
+                         "src_dask.src(mps, mpo, chi_out=...)")
     return src(mpo, x, chi_out=chi_out, **options)
 
 
-def compress(train: Any, chi_out: int, **options: Any) -> TensorTrain:
+def compress(train: Any, chi_out: int | None = None, **options: Any) -> TensorTrain:
     """One train compressed to bond dimension ``chi_out``; see :func:`src`."""
-    return src(train, chi_out=chi_out, **options)
+    return src(train, chi_out=_chi_out(chi_out, options, "compress"), **options)
+
+
+def _chi_out(chi_out: Any, options: dict[str, Any], what: str) -> Any:
+    """``chi_out``, with a pointer for quimb's name of it, ``max_bond``."""
+    if "max_bond" in options:
+        raise TypeError(f"{what}: chi_out is quimb's max_bond here: pass chi_out="
+                        f"{options['max_bond']!r} instead of max_bond")
+    if chi_out is None:
+        raise TypeError(f"{what}: missing chi_out, the bond dimension of the result "
+                        "(quimb's max_bond)")
+    return chi_out
 
 
 # -- option checks ---------------------------------------------------------------
@@ -304,6 +339,9 @@ def _client(client: Any) -> Any:
     if client is not None:
         if not isinstance(client, Client):
             raise TypeError(f"client: expected a distributed.Client, got {type(client).__name__}")
+        if client.status in ("closing", "closed"):
+            raise ValueError(f"client: the client is {client.status}; pass an open "
+                             "distributed.Client (or none, for Dask's local scheduler)")
         return client
     try:
         return Client.current(allow_global=True)

@@ -79,8 +79,17 @@ class TensorTrain(Sequence):
         How error messages refer to this train (for example ``"trains[1]"``).
     """
 
-    def __init__(self, cores: Sequence[Any], kind: Kind | None = None, *, name: str = "train",
+    def __init__(self, cores: Any, kind: Kind | None = None, *, name: str = "train",
                  sources: Sequence[Any] | None = None):
+        self.seed: int | None = None  # the sketch's seed, for a result of src
+        self.discarded: list[float | None] | None = None  # per bond, for a result of src
+        self._quimb: dict[str, str] | None = None  # a quimb input's index and tag names
+        if isinstance(cores, TensorTrain) or _is_quimb(cores):  # anything src accepts
+            other = cores if isinstance(cores, TensorTrain) else _from_quimb(cores, name)
+            if kind is not None and kind != other.kind:
+                raise ValueError(f"{name}: kind {kind!r} given for an {other.kind.upper()}")
+            cores, kind, self._quimb = list(other), other.kind, other._quimb
+            sources = other._sources if sources is None else sources
         cores = list(cores)
         if len(cores) < 2:
             raise ValueError(f"{name}: a train needs at least 2 sites, got {len(cores)}")
@@ -136,10 +145,37 @@ class TensorTrain(Sequence):
         return iter(self._cores)
 
     def __repr__(self) -> str:
-        return (
-            f"TensorTrain(kind={self.kind!r}, sites={len(self)}, "
-            f"bonds={self.bond_dims}, phys={self.phys_dims}, dtype={self.dtype})"
-        )
+        bonds = self.bond_dims
+        phys = sorted(set(self.phys_dims))
+        legs = (",".join(str(p[0]) if len(p) == 1 else "x".join(map(str, p)) for p in phys)
+                if len(phys) <= 3 else f"{len(phys)} kinds")
+        return (f"TensorTrain({self.kind.upper()}, {len(self)} sites, max bond "
+                f"{max(bonds)}, phys {legs}, {self.dtype}, {_human_bytes(self.nbytes)}, "
+                f"{self.device})")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: a table of the train and a bar per bond (its height the bond's
+        share of the largest)."""
+        import html
+
+        bonds = self.bond_dims
+        top, width = max(bonds), max(2, 240 // len(bonds))
+        bars = "".join(
+            f'<div title="bond {j}: {b}" style="display:inline-block;width:{width}px;'
+            f'height:{max(1, round(40 * b / top))}px;background:#4a78b5;margin-right:1px;'
+            f'vertical-align:bottom"></div>' for j, b in enumerate(bonds))
+        rows = [("kind", self.kind.upper()), ("sites", len(self)),
+                ("bonds", f"max {top}, min {min(bonds)}"),
+                ("physical legs", ", ".join(sorted({_legs_text(p) for p in self.phys_dims}))),
+                ("dtype", self.dtype), ("device", self.device),
+                ("bytes", _human_bytes(self.nbytes))]
+        if self.seed is not None:
+            rows.append(("seed", self.seed))
+        table = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+                        f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                        for k, v in rows)
+        return (f"<div><b>src_dask.TensorTrain</b><table>{table}</table>"
+                f"<div style='height:42px;line-height:0'>{bars}</div></div>")
 
     def source(self, site: int) -> Any:
         """Where site ``site`` is read from: the Zarr array behind a Dask core
@@ -172,6 +208,58 @@ class TensorTrain(Sequence):
     def nbytes(self) -> int:
         return sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize for c in self._cores)
 
+    @property
+    def max_bond(self) -> int:
+        """The largest bond dimension."""
+        return max(self.bond_dims)
+
+    @property
+    def device(self) -> str:
+        """Where the cores are: ``"gpu"`` (CuPy), ``"cpu"`` (NumPy), ``"lazy"`` (Dask,
+        Zarr or another array-like, read when used), or ``"mixed"``."""
+        kinds = {"gpu" if type(c).__module__.startswith("cupy") else
+                 "cpu" if isinstance(c, np.ndarray) and not isinstance(c, np.memmap) else
+                 "lazy" for c in self._cores}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    # -- arithmetic (a new train each time; the cores are never modified) ---
+    def copy(self) -> TensorTrain:
+        """A train with copies of the in-memory cores (lazy cores stay lazy and
+        shared: they are never written to)."""
+        cores = [c.copy() if _in_memory(c) else c for c in self._cores]
+        return self._like(cores, sources=self._sources)
+
+    def __mul__(self, a: Any) -> TensorTrain:
+        """The train times a scalar ``a`` (site 0 scaled)."""
+        if not _is_scalar(a):
+            return NotImplemented
+        return self._like([_scaled(self._cores[0], a), *self._cores[1:]])
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, a: Any) -> TensorTrain:
+        if not _is_scalar(a):
+            return NotImplemented
+        if a == 0:
+            raise ZeroDivisionError("a train divided by zero")
+        return self * (1 / a)
+
+    def __neg__(self) -> TensorTrain:
+        return self * -1
+
+    def normalize(self) -> TensorTrain:
+        """A new train with norm 1 (Frobenius norm for an MPO)."""
+        norm = self.norm()
+        if norm == 0:
+            raise ZeroDivisionError(f"{self.name}: a train of norm 0 cannot be normalized")
+        return self / norm
+
+    def _like(self, cores: list[Any], sources: Sequence[Any] | None = None) -> TensorTrain:
+        out = TensorTrain(cores, self.kind, name=self.name, sources=sources)
+        out.seed, out._quimb = self.seed, self._quimb
+        out.discarded = None if self.discarded is None else list(self.discarded)
+        return out
+
     # -- conversions ------------------------------------------------------
     def to_numpy(self) -> list[np.ndarray]:
         """The cores as NumPy arrays (computing Dask and reading Zarr cores)."""
@@ -182,9 +270,12 @@ class TensorTrain(Sequence):
         import quimb.tensor as qtn
 
         arrays = self.to_numpy()
+        ids = dict(self._quimb or {})  # the index and tag names of quimb inputs
         if self.kind == "mps":
-            return qtn.MatrixProductState(arrays, shape="lrp")
-        return qtn.MatrixProductOperator(arrays, shape="lrud")
+            ids.pop("upper_ind_id", None), ids.pop("lower_ind_id", None)
+            return qtn.MatrixProductState(arrays, shape="lrp", **ids)
+        ids.pop("site_ind_id", None)
+        return qtn.MatrixProductOperator(arrays, shape="lrud", **ids)
 
     def vdot(self, other: Any) -> complex:
         """``<self|other>`` (self conjugated) of two MPS, or the Frobenius product of two MPOs.
@@ -210,7 +301,8 @@ class TensorTrain(Sequence):
                     "legs at every site")
         n = len(self)
         env = np.ones((1, 1))
-        for j, (a, b) in enumerate(zip(self.to_numpy(), other.to_numpy(), strict=True)):
+        for j in range(n):  # streamed: one site of each train in memory at a time
+            a, b = _to_numpy(self._cores[j]), _to_numpy(other[j])
             shapes = a.shape, b.shape
             try:
                 a, b = pad_bonds(a, j, n), pad_bonds(b, j, n)
@@ -227,6 +319,32 @@ class TensorTrain(Sequence):
     def norm(self) -> float:
         """The 2-norm (Frobenius norm for an MPO)."""
         return float(np.sqrt(abs(self.vdot(self))))
+
+    def expectation(self, mpo: Any) -> complex:
+        """``<self|O|self> / <self|self>`` for an MPS and an operator ``mpo`` (anything
+        :func:`as_train` accepts), contracted site by site (one site of each in
+        memory at a time); its legs are checked before anything is computed."""
+        op = as_train(mpo, name="expectation: mpo")
+        if self.kind != "mps" or op.kind != "mpo":
+            raise ValueError(f"expectation: needs an MPS and an MPO, got an "
+                             f"{self.kind.upper()} and an {op.kind.upper()}")
+        if len(op) != len(self):
+            raise ValueError(f"expectation: the MPS has {len(self)} sites but the MPO has "
+                             f"{len(op)}")
+        for j, ((p,), (u, d)) in enumerate(zip(self.phys_dims, op.phys_dims, strict=True)):
+            if (u, d) != (p, p):
+                raise ValueError(f"expectation: site {j}: the MPO's legs (u, d) = {(u, d)} "
+                                 f"do not act on the MPS's physical leg {p}")
+        n = len(self)
+        env = np.ones((1, 1, 1))
+        for j in range(n):
+            a = pad_bonds(_to_numpy(self._cores[j]), j, n)  # (l, r, p)
+            o = pad_bonds(_to_numpy(op[j]), j, n)  # (l, r, u, d)
+            env = np.einsum("xwy,xap,wbpq,ycq->abc", env, a.conj(), o, a, optimize=True)
+        norm2 = self.vdot(self)
+        if norm2 == 0:
+            raise ZeroDivisionError(f"{self.name}: a train of norm 0 has no expectation values")
+        return complex(env[0, 0, 0] / norm2)
 
     def to_dense(self) -> np.ndarray:
         """The full vector (MPS) or matrix (MPO, rows = up legs); for small trains only.
@@ -246,6 +364,41 @@ class TensorTrain(Sequence):
             acc = np.einsum("lUD,lrud->rUuDd", acc, a)
             acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
         return acc[0]
+
+
+def _is_quimb(x: Any) -> bool:
+    return type(x).__module__.startswith("quimb") and hasattr(x, "L")
+
+
+def _in_memory(x: Any) -> bool:
+    return (isinstance(x, np.ndarray) and not isinstance(x, np.memmap)) or \
+        type(x).__module__.startswith("cupy")
+
+
+def _is_scalar(a: Any) -> bool:
+    import numbers
+
+    return isinstance(a, numbers.Number) and not isinstance(a, bool) or \
+        (isinstance(a, np.ndarray | np.generic) and np.ndim(a) == 0 and
+         np.dtype(a.dtype).kind in "iufc")
+
+
+def _scaled(core: Any, a: Any) -> Any:
+    """``a * core``: lazily for a Dask core, in memory otherwise (other lazy cores read)."""
+    if not (_in_memory(core) or hasattr(core, "dask")):
+        core = _to_numpy(core)
+    out = core * a
+    if np.dtype(out.dtype).kind in "iub":  # an integer core scaled stays floating
+        out = out.astype(np.float64)
+    return out
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "kiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def _legs_text(dims: tuple[int, ...]) -> str:
@@ -282,7 +435,11 @@ def _from_quimb(tn: Any, name: str) -> TensorTrain:
         legs = ([bonds[j - 1]] if j > 0 else []) + ([bonds[j]] if j < n - 1 else [])
         phys = [tn.upper_ind(j), tn.lower_ind(j)] if is_mpo else [tn.site_ind(j)]
         cores.append(t.transpose(*legs, *phys).data)
-    return TensorTrain(cores, "mpo" if is_mpo else "mps", name=name)
+    out = TensorTrain(cores, "mpo" if is_mpo else "mps", name=name)
+    ids = ("upper_ind_id", "lower_ind_id") if is_mpo else ("site_ind_id",)
+    out._quimb = {k: v for k in (*ids, "site_tag_id")
+                  if isinstance(v := getattr(tn, k, None), str)}
+    return out
 
 
 def _shared(a: Any, b: Any) -> str | None:
