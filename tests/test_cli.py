@@ -296,8 +296,10 @@ def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
     assert "wrote mps" in captured.out and "passes" not in captured.out
     assert "done: 2 passes over 8 sites" in captured.err  # the bar
     assert "src-dask: src: SRC plan: MPO·MPS" in captured.err  # the INFO log
-    assert main(["run", str(a), str(x), "--chi-out", "6", "--report", "r.html",
-                 "--out", str(tmp_path / "z")]) == 1
+    with pytest.raises(SystemExit) as exc:  # a usage error
+        main(["run", str(a), str(x), "--chi-out", "6", "--report", "r.html",
+              "--out", str(tmp_path / "z")])
+    assert exc.value.code == 2
     assert "--report: Dask's performance report needs a cluster" in error_line(capsys)
 
 
@@ -441,3 +443,62 @@ def test_info_of_a_broken_train(tmp_path, capsys):
     zarr.open_group(path, mode="r+").attrs["sites"] = 5
     assert main(["info", str(path)]) == 1
     assert "incomplete train" in error_line(capsys)
+
+
+# -- options that would be ignored, the version, unknown options, absurd sizes --------------
+def _usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+@pytest.mark.parametrize("option", [["--threads", "2"], ["--memory-limit", "1GB"],
+                                    ["--local-directory", "spill"]])
+def test_local_cluster_options_need_a_local_cluster(problem, tmp_path, capsys, command,
+                                                    option):
+    a, x = problem
+    argv = [command, str(a), str(x), "--chi-out", "4", *option]
+    if command == "run":
+        argv += ["--out", str(tmp_path / "y")]
+    line = _usage_error(argv, capsys)
+    assert option[0] in line and "--workers N or --gpus N" in line
+    assert not (tmp_path / "y").exists()
+
+
+def test_unknown_options_point_to_the_subcommand_help(problem, tmp_path, capsys):
+    a, x = problem
+    line = _usage_error(["run", str(a), str(x), "--chi-out", "4", "--out",
+                         str(tmp_path / "y"), "--max-bond", "4"], capsys)
+    assert "unrecognized arguments: --max-bond 4" in line and "src-dask run --help" in line
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == \
+        f"src-dask {src_dask.__version__}"
+
+
+@pytest.mark.timeout(20)  # refused from the shapes, before anything is drawn
+@pytest.mark.parametrize("argv", [["mps", "--bond", "400000"], ["stack", "--dm", "20000"],
+                                  ["mpo", "--sites", "200", "--bond", "100000"]])
+def test_generate_refuses_absurd_sizes_at_once(tmp_path, capsys, argv):
+    kind, *options = argv
+    assert main(["generate", kind, str(tmp_path / "p.zarr"), *options]) == 1
+    assert "needs" in error_line(capsys) and not (tmp_path / "p.zarr").exists()
+
+
+def test_generate_bytes_from_the_shapes_are_what_is_written(tmp_path):
+    from src_dask._cli import _problem_bytes
+
+    for spec, trains in [
+        ({"kind": "mps", "sites": 9, "bond": 7, "phys": 3, "dtype": "complex64"},
+         [problems.random_mps(9, 7, 3, dtype="complex64")]),
+        ({"kind": "mpo", "sites": 6, "bond": 5, "phys": 2, "dtype": "float64"},
+         [problems.random_mpo(6, 5, 2, dtype="float64")]),
+        ({"kind": "stack", "sites": 5, "bond": 2, "phys": 3, "dm": 6, "dtype": "complex128"},
+         list(problems.stack(5, 6, phys=3, bond=2).values())),
+    ]:
+        assert _problem_bytes(spec) == sum(t.nbytes for t in trains)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -270,6 +271,21 @@ def _local_client(start: Callable[[], Any]) -> Iterator[Any]:
         raise KeyboardInterrupt
 
 
+def _check_local_options(args: argparse.Namespace) -> None:
+    """Options of a local cluster given without one (--workers/--gpus) would be
+    silently ignored: a usage error instead; then their defaults."""
+    local = args.workers is not None or args.gpus is not None
+    for name, flag in (("threads", "--threads"), ("memory_limit", "--memory-limit"),
+                       ("local_directory", "--local-directory")):
+        if getattr(args, name) is not None and not local:
+            args.parser.error(f"{flag}: sets up the local cluster of --workers N or --gpus N; "
+                              "add one of them (a --scheduler-file cluster has its own)")
+    if args.threads is not None and args.gpus is not None:
+        args.parser.error("--threads: is for --workers N (a GPU worker runs one thread)")
+    args.threads = 1 if args.threads is None else args.threads
+    args.memory_limit = "auto" if args.memory_limit is None else args.memory_limit
+
+
 def _security(args: argparse.Namespace) -> Any:
     """The ``distributed.Security`` of ``--tls-ca-file/--tls-cert/--tls-key`` (TLS
     required, the one certificate for client, scheduler and workers), or None when
@@ -379,6 +395,25 @@ def _generate_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def _problem_bytes(spec: dict[str, Any]) -> int:
+    """Bytes of a generate spec's trains, from their shapes alone (nothing is built)."""
+    from .problems import _capped_bonds, _core_shape
+
+    kind, n = spec["kind"], spec["sites"]
+    item = np.dtype(spec["dtype"]).itemsize
+    if kind in ("heisenberg", "ising"):
+        return n * 5 * 5 * 4 * item
+    phys = spec["phys"]
+    if kind == "stack":
+        factors = [[spec["bond"]] * (n - 1)] * 3 + [[spec["dm"]] * (n - 1)]
+        legs = (phys, phys)
+    else:
+        factors = [_capped_bonds(n, spec["bond"], phys if kind == "mps" else phys * phys)]
+        legs = (phys,) if kind == "mps" else (phys, phys)
+    return sum(math.prod(_core_shape(j, bonds, legs)) for bonds in factors
+               for j in range(n)) * item
+
+
 def _build_problem(spec: dict[str, Any]) -> dict[str, Any]:
     """The trains of a generate spec: ``{"": train}``, or the stack's factors by name."""
     from . import problems
@@ -411,9 +446,9 @@ def generate(args: argparse.Namespace) -> int:
         args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
     path = os.path.abspath(args.path)
     _check_replaceable(path, args.overwrite)
+    _paths.check_space(path, _problem_bytes(spec), "the problem")  # before drawing anything
     trains = _build_problem(spec)
     need = sum(t.nbytes for t in trains.values())
-    _paths.check_space(path, need, "the problem")
     t0 = time.perf_counter()
     with _atomic_dir(path, args.overwrite) as tmp:
         if spec["kind"] == "stack":
@@ -490,7 +525,8 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
         _check_tls(args.scheduler_file, args.security)
         with Client(scheduler_file=args.scheduler_file, security=args.security) as client:
             _err(f"connected to {client.scheduler.address} "
-                 f"({len(client.scheduler_info()['workers'])} workers)")
+                 f"({len(client.scheduler_info()['workers'])} workers); dashboard: "
+                 f"{client.dashboard_link}")
             yield client
         return
     if args.gpus is not None or args.workers is not None:
@@ -547,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
     """SRC on saved trains; the result written to ``args.out`` (atomically)."""
     import src_dask
 
+    _check_local_options(args)
     args.security = _security(args)  # usage errors first
     if args.protocol is not None and args.gpus is None:
         args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
@@ -564,8 +601,8 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"{args.store}: exists and is not a src_dask run store; not "
                            "replacing it (remove it yourself)")
     if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
-        raise CLIError("--report: Dask's performance report needs a cluster; add --workers N, "
-                       "--gpus N or --scheduler-file FILE")
+        args.parser.error("--report: Dask's performance report needs a cluster; add "
+                          "--workers N, --gpus N or --scheduler-file FILE")
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     seed = args.seed
     if seed is None and args.store is None:
@@ -603,6 +640,7 @@ def plan(args: argparse.Namespace) -> int:
 
     import src_dask
 
+    _check_local_options(args)
     args.security = _security(args)
     if args.protocol is not None and args.gpus is None:
         args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
@@ -731,7 +769,10 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (for developers)")
+    from . import __version__
+
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=_FORMAT)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_demo, _add_generate, _add_run, _add_plan, _add_info):
         add(sub, common)
@@ -765,7 +806,7 @@ def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                    help="address the cluster and its dashboard listen on (default 127.0.0.1: "
                    "this machine only; 0.0.0.0 opens them to the network)")
-    p.set_defaults(func=demo)
+    p.set_defaults(func=demo, parser=p)
 
 
 def _add_generate(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -911,13 +952,13 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
                        help="start a local dask-cuda cluster on N GPUs (src_dask.cluster)")
     where.add_argument("--workers", type=_positive_int, metavar="N",
                        help="start a local CPU cluster of N worker processes")
-    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--threads", type=_positive_int, metavar="N",
                    help="--workers: threads per worker (default 1)")
     p.add_argument("--protocol", choices=("ucx", "tcp"), default=None,
                    help="--gpus: how the GPUs talk (default: ucx on several GPUs when it is "
                    "installed, at NVLink speed, but it listens on every network interface "
                    "without authentication; tcp stays on --host, at about 1 GB/s)")
-    p.add_argument("--memory-limit", default="auto", metavar="BYTES",
+    p.add_argument("--memory-limit", metavar="BYTES",
                    help="--gpus/--workers: host memory per worker before spilling to disk "
                    "(default auto)")
     p.add_argument("--local-directory", metavar="DIR",
@@ -951,7 +992,7 @@ def _add_info(sub: Any, common: argparse.ArgumentParser) -> None:
                            "use."))
     p.add_argument("path", metavar="PATH", help="a saved train, stack or run store")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=info)
+    p.set_defaults(func=info, parser=p)
 
 
 def _forget(err: BaseException) -> None:
@@ -978,7 +1019,10 @@ def _forget(err: BaseException) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand's parser: its --help lists what it takes
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
