@@ -42,10 +42,31 @@ def array_options(dtype: Any) -> dict[str, Any]:
 
 
 def create(group: Any, name: str, shape: tuple[int, ...], dtype: Any,
-           chunks: tuple[int, ...], overwrite: bool = False) -> Any:
-    """A new verifiable array ``name`` in ``group``."""
+           chunks: tuple[int, ...], overwrite: bool = False,
+           dimension_names: tuple[str, ...] | None = None) -> Any:
+    """A new verifiable array ``name`` in ``group``, its axes named (Zarr's
+    ``dimension_names``: what xarray reads as dimensions) — by default
+    ``{name}_dim_{i}``, so that every array src_dask writes has them."""
+    if dimension_names is None:
+        base = name.replace("/", "_")
+        dimension_names = tuple(f"{base}_dim_{i}" for i in range(len(shape)))
     return group.create_array(name, shape=tuple(shape), chunks=tuple(chunks),
-                              overwrite=overwrite, **array_options(dtype))
+                              overwrite=overwrite, dimension_names=tuple(dimension_names),
+                              **array_options(dtype))
+
+
+def consolidate(path: str, group: str | None = None) -> None:
+    """Consolidate the metadata of the group at ``path`` (or its subgroup ``group``), so
+    that it opens in one read (xarray looks for it). Zarr warns that consolidated
+    metadata is not in the v3 spec yet, and about files of ours (a run store's lock)
+    in the hierarchy: neither concerns the reader, so both are silenced here."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        zarr.consolidate_metadata(path, path=group)
 
 
 def is_verifiable(arr: Any) -> bool:

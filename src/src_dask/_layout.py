@@ -66,3 +66,14 @@ def unpad(core: Any, kind: str, site: int, n: int) -> Any:
     if site == 0:
         core = core[0]
     return core
+
+
+def dimension_names(kind: str, site: int, n: int) -> tuple[str, ...]:
+    """Names of the axes of a core in quimb's layout, for the arrays src_dask writes:
+    the bonds it shares with its neighbours (``bond_{j-1}``, ``bond_j``: the same name
+    in both cores, so that readers such as xarray see one dimension), then its
+    physical leg ``phys_j`` (MPS) or legs ``up_j``, ``down_j`` (MPO)."""
+    legs = (f"phys_{site}",) if kind == "mps" else (f"up_{site}", f"down_{site}")
+    left = (f"bond_{site - 1}",) if site > 0 else ()
+    right = (f"bond_{site}",) if site < n - 1 else ()
+    return (*left, *right, *legs)

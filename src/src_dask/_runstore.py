@@ -41,6 +41,7 @@ import numpy as np
 import zarr
 
 from . import _integrity, _paths, _random
+from ._layout import dimension_names
 from ._lock import LOCK, StoreLock
 from ._stack import Stack
 from .errors import DamagedDataError, OverwriteNeededError, PathRefusedError, StoreError
@@ -198,7 +199,7 @@ class RunStore:
             for j in range(1, stack.n):
                 bonds = stack.left_bonds(j)
                 _integrity.create(group, f"env/site_{j}", (sketch, *bonds), stack.dtype,
-                                  (chunk, *bonds))
+                                  (chunk, *bonds), dimension_names=_env_dims(j, len(bonds)))
             blocks = math.ceil(sketch / chunk)
             progress = group.create_group("progress")
             _integrity.create(progress, "pass1", (blocks,), "int8", (1,))[...] = 0
@@ -300,7 +301,10 @@ class RunStore:
         return bool((read_attrs(self.path) or {}).get("complete"))
 
     def mark_complete(self) -> None:
-        """Written last: from here on the store reads as a finished result."""
+        """Written last: from here on the store reads as a finished result (its result
+        group's metadata consolidated first: it opens in one read, in xarray too)."""
+        _integrity.consolidate(self.path, "result")  # zarr.open_group(".../result")
+        _integrity.consolidate(self.path)  # xarray.open_zarr(path, group="result")
         self._open_group("r+").attrs["complete"] = True
 
     def result(self, kind: str) -> TensorTrain:
@@ -333,8 +337,10 @@ class RunStore:
     def write_pass2(self, site: int, eta: Any, env_left: Any) -> None:
         """Checkpoint after site ``site``: η_site, then S_{site-1}, then the progress."""
         group = self._group()
-        _write_whole(group, f"eta/site_{site}", eta)
-        _write_whole(group, f"S/site_{site - 1}", env_left)
+        _write_whole(group, f"eta/site_{site}", eta, (f"bond_{site - 1}", f"bond_{site}",
+                                                       f"up_{site}", f"down_{site}"))
+        _write_whole(group, f"S/site_{site - 1}", env_left,
+                     (f"bond_{site - 1}", *_env_dims(site, env_left.ndim - 1)[1:]))
         group["progress"].attrs["pass2_next"] = site - 1
         if f"S/site_{site}" in group:
             del group[f"S/site_{site}"]
@@ -353,8 +359,9 @@ class RunStore:
     def read_right_env(self, site: int) -> np.ndarray:
         return self._read_whole(f"S/site_{site}", site)
 
-    def write_result(self, site: int, core: np.ndarray) -> tuple[int, ...]:
-        _write_whole(self._group(), f"result/site_{site}", core)
+    def write_result(self, site: int, core: np.ndarray, kind: str, n: int) -> tuple[int, ...]:
+        _write_whole(self._group(), f"result/site_{site}", core,
+                     dimension_names(kind, site, n))
         return tuple(core.shape)
 
 
@@ -472,13 +479,20 @@ def _rmtree(where: str, tries: int = 5) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def _write_whole(group: zarr.Group, name: str, x: Any) -> None:
+def _write_whole(group: zarr.Group, name: str, x: Any, dims: tuple[str, ...]) -> None:
     from .storage import chunks_for
 
     x = to_numpy(x)
     arr = _integrity.create(group, name, x.shape, x.dtype,
-                            chunks_for(x.shape, x.dtype.itemsize), overwrite=True)
+                            chunks_for(x.shape, x.dtype.itemsize), overwrite=True,
+                            dimension_names=dims)
     arr[...] = x
+
+
+def _env_dims(site: int, factors: int) -> tuple[str, ...]:
+    """Axes of a sketched environment ``C_site[s, a_1..a_k]``: the sketch columns, then
+    each factor's bond left of ``site``."""
+    return ("sketch", *(f"bond_{site - 1}_factor_{i}" for i in range(factors)))
 
 
 def _jsonable(x: Any) -> Any:

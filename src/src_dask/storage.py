@@ -37,7 +37,7 @@ import dask.array as da
 import numpy as np
 
 from . import _integrity, _paths
-from ._layout import RANKS, role
+from ._layout import RANKS, dimension_names, role
 from .errors import PathRefusedError, StoreError
 from .trains import TensorTrain, _to_numpy, as_train
 
@@ -194,7 +194,8 @@ def _write(tt: TensorTrain, tmp: str, path: str, chunk_shape: tuple[int, ...] | 
             c = tuple(min(a, b) for a, b in zip(c, core.shape, strict=True))
         else:
             c = chunks_for(tuple(core.shape), dtype.itemsize, max_chunk_bytes)
-        arr = _integrity.create(group, f"site_{j}", tuple(core.shape), dtype, c)
+        arr = _integrity.create(group, f"site_{j}", tuple(core.shape), dtype, c,
+                                dimension_names=dimension_names(tt.kind, j, n))
         arr.attrs["train_id"] = train_id
         if isinstance(core, da.Array):
             # into a pre-created array: da.to_zarr with shards can lose data
@@ -203,6 +204,7 @@ def _write(tt: TensorTrain, tmp: str, path: str, chunk_shape: tuple[int, ...] | 
         else:
             arr[...] = _finite(np.asarray(_to_numpy(core)), what)
     group.attrs["complete"] = True  # last: only a finished save carries it
+    _integrity.consolidate(tmp)  # one read opens the whole train (xarray, remote stores)
 
 
 def _install(tmp: str, target: str, path: str, overwrite: bool, old: str) -> None:

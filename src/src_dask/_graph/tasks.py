@@ -239,5 +239,5 @@ def finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,
     core = K.xp_of(core).ascontiguousarray(K.unpad(core, kind, site, n))
     if to_host or store is not None:
         core = _transfer.to_host(core)
-    return core if store is None else store.write_result(site, core)
+    return core if store is None else store.write_result(site, core, kind, n)
 
