@@ -273,7 +273,8 @@ def test_logging_is_informative_at_info(caplog):
     a, x = _problem()
     with caplog.at_level(logging.INFO, logger="src_dask"):
         src_dask.apply(a, x, 12, seed=0)
-    start, end = (r.getMessage() for r in caplog.records if r.name == "src_dask")
+    seed, start, end = (r.getMessage() for r in caplog.records if r.name == "src_dask")
+    assert seed == "src: seed 0"
     assert start.startswith("src: SRC plan: MPO·MPS (ket), 8 sites, bonds 3·6, complex128\n")
     assert "chi_out 12, sketch 12" in start and "on the CPU: " in start
     assert "(Dask's local scheduler)" in start and "inputs " in start

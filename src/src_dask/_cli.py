@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _paths, _random, _runstore, storage
+from . import _integrity, _paths, _random, _runstore, storage
 from .errors import OverwriteNeededError
 from .trains import SUPPORTED_DTYPES
 
@@ -176,7 +176,9 @@ def _record(path: str, key: str, value: dict) -> None:
     """Add provenance (how a train was made) to the attributes of the group at ``path``."""
     import zarr
 
-    zarr.open_group(path, mode="r+").attrs[key] = json.loads(json.dumps(value))
+    zarr.open_group(path, mode="r+", use_consolidated=False).attrs[key] = \
+        json.loads(json.dumps(value))
+    _integrity.consolidate(path)  # writing the attributes dropped the consolidated metadata
 
 
 # -- local clusters ------------------------------------------------------------------

@@ -286,7 +286,7 @@ class RunStore:
 
     def _open_group(self, mode: str) -> zarr.Group:
         try:
-            return zarr.open_group(self.path, mode=mode)
+            return zarr.open_group(self.path, mode=mode, use_consolidated=False)
         except Exception as err:  # noqa: BLE001 - any failure here is a damaged store
             raise StoreError(f"{self.path}: cannot open the run store "
                              f"({type(err).__name__}: {err})") from err
@@ -301,11 +301,12 @@ class RunStore:
         return bool((read_attrs(self.path) or {}).get("complete"))
 
     def mark_complete(self) -> None:
-        """Written last: from here on the store reads as a finished result (its result
-        group's metadata consolidated first: it opens in one read, in xarray too)."""
+        """Written last: from here on the store reads as a finished result; its metadata is
+        then consolidated, so that its result opens in one read (xarray too)."""
+        self._open_group("r+").attrs["complete"] = True
+        # then (an optimisation, not a mark: src_dask never reads through it) in one read
         _integrity.consolidate(self.path, "result")  # zarr.open_group(".../result")
         _integrity.consolidate(self.path)  # xarray.open_zarr(path, group="result")
-        self._open_group("r+").attrs["complete"] = True
 
     def result(self, kind: str) -> TensorTrain:
         """The output train, as Dask arrays over ``result/site_j``: read through
@@ -320,7 +321,7 @@ class RunStore:
 
     # -- worker side (inside tasks) ---------------------------------------------
     def _group(self) -> zarr.Group:
-        return zarr.open_group(self.path, mode="r+")
+        return zarr.open_group(self.path, mode="r+", use_consolidated=False)
 
     def write_env(self, site: int, start: int, env: Any) -> None:
         arr = zarr.open_array(f"{self.path}/env/site_{site}", mode="r+")
@@ -479,7 +480,8 @@ def _rmtree(where: str, tries: int = 5) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
-def _write_whole(group: zarr.Group, name: str, x: Any, dims: tuple[str, ...]) -> None:
+def _write_whole(group: zarr.Group, name: str, x: Any,
+                 dims: tuple[str, ...] | None = None) -> None:
     from .storage import chunks_for
 
     x = to_numpy(x)

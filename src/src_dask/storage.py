@@ -244,7 +244,7 @@ class _SameTrain:
 
 def _remote_attrs(path: str) -> dict | None:
     try:
-        return dict(_zarr().open_group(path, mode="r").attrs)
+        return dict(_zarr().open_group(path, mode="r", use_consolidated=False).attrs)
     except Exception:  # noqa: BLE001 - gone or unreadable: not the train opened
         return None
 
@@ -270,7 +270,7 @@ def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.o
         if not os.listdir(path):
             raise FileNotFoundError(f"{path}: no saved train here (an empty directory)")
     try:
-        group = zarr.open_group(path, mode="r")
+        group = zarr.open_group(path, mode="r", use_consolidated=False)
     except zarr.errors.ContainsArrayError:
         raise StoreError(f"{path}: is a Zarr array, not a src_dask train (a group written "
                          "by src_dask.save)") from None

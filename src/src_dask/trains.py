@@ -149,7 +149,7 @@ class TensorTrain(Sequence):
         phys = sorted(set(self.phys_dims))
         legs = (",".join(str(p[0]) if len(p) == 1 else "x".join(map(str, p)) for p in phys)
                 if len(phys) <= 3 else f"{len(phys)} kinds")
-        return (f"TensorTrain({self.kind.upper()}, {len(self)} sites, max bond "
+        return (f"TensorTrain({self.kind}, {len(self)} sites, max bond "
                 f"{max(bonds)}, phys {legs}, {self.dtype}, {_human_bytes(self.nbytes)}, "
                 f"{self.device})")
 
