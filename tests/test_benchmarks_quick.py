@@ -92,6 +92,7 @@ def test_bench_mpo_mps_quick(tmp_path, capsys):
     assert ("wrote" in stdout and out.with_suffix(".png").exists()) or "no plot" in stdout
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_bench_stack_quick(tmp_path, capsys):
     """Environments in the cluster on 1 and 2 workers (the same cores: the sketch depends
     on the seed alone), then a run store on 1 worker added by a second run with

@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import src_dask
 from src_dask._cli import main
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tmp_path):
     a, x, store, out = (str(tmp_path / n) for n in ("A.zarr", "x.zarr", "run.zarr", "y.zarr"))
     # big enough that the run is still going a while after its store appears (~3 s of work

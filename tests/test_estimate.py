@@ -96,8 +96,10 @@ class _PeakRSS(WorkerPlugin):
 
 
 @pytest.mark.parametrize("depth, n, bond, chi, limit, store", [
-    (2, 24, 48, 384, 800 * 2**20, False),  # environments dominate
-    (3, 16, 10, 300, 500 * 2**20, True),  # depth 3, a run store
+    pytest.param(2, 24, 48, 384, 800 * 2**20, False,  # environments dominate
+                 marks=pytest.mark.slow),
+    pytest.param(3, 16, 10, 300, 500 * 2**20, True,  # depth 3, a run store
+                 marks=pytest.mark.slow),
     (4, 14, 6, 216, 500 * 2**20, False),  # depth 4: the contractions' temporaries
 ])
 def test_planned_peaks_are_the_measured_ones(tmp_path, depth, n, bond, chi, limit, store):

@@ -105,6 +105,7 @@ def test_generated_inputs_are_the_same_every_time(ooc, tmp_path):
         np.testing.assert_array_equal(c1, c2)
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_out_of_core_run_store_and_resume(ooc, tmp_path, capsys):
     argv = ["--dir", str(tmp_path), "--sites", "8", "--bond", "8", "--chi-out", "8",
             "--memory-limit", "500MiB", "--workers", "1"]

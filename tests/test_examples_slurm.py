@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from helpers import random_mpo, random_mps
 
@@ -21,6 +22,7 @@ def test_slurm_job_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(ROOT / "examples/slurm/src_dask.sbatch")], check=True)
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_slurm_driver_runs_on_zarr_inputs(tmp_path, capsys):
     a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
     src_dask.save(a, tmp_path / "in" / "0")

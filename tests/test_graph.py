@@ -158,6 +158,7 @@ def test_blocks_stay_on_their_worker(cluster_client):
     assert rel_err(y, dense_product(a, x)) <= 1e-12
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
     import threading
 
@@ -249,6 +250,7 @@ def test_row_blocks_of_z_spread_over_the_workers(cluster_client, monkeypatch):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
 
 
+@pytest.mark.slow  # seconds of wall time: `make test-slow` (CI runs it too)
 def test_lookahead_keeps_a_few_sites_of_inputs_in_flight():
     """Reads run ahead of their use by as many sites as fit in twice the block size
     (2 to 8): the reference stacks read 8 (D_M=1000) and 4 (D_M=2000) ahead."""

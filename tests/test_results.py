@@ -141,3 +141,24 @@ def test_a_closed_client_is_named():
         client.close()
         with pytest.raises(ValueError, match="the client is closed"):
             src_dask.apply(a, x, chi_out=4, client=client)
+
+
+def test_discarded_weight_per_bond_is_the_truncated_spectrum(tmp_path, caplog):
+    """With oversampling the rounding SVDs know what each bond drops: here the sketch
+    spans the exact product, so the weight is the exact singular-value tail."""
+    import logging
+
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        y = src_dask.apply(a, x, chi_out=4, oversample=8, seed=0)
+    assert len(y.discarded) == 5 and all(w >= 0 for w in y.discarded)
+    p = dense_product(a, x)
+    for bond in range(5):
+        s = np.linalg.svd(p.reshape(2 ** (bond + 1), -1), compute_uv=False)
+        assert y.discarded[bond] == pytest.approx((s[4:] ** 2).sum() / (s ** 2).sum(),
+                                                  rel=1e-6, abs=1e-14)
+    assert any("rounding discarded at most" in r.getMessage() for r in caplog.records)
+    stored = src_dask.apply(a, x, chi_out=4, oversample=8, seed=0, store=tmp_path / "run")
+    again = src_dask.apply(a, x, chi_out=4, oversample=8, seed=0, store=tmp_path / "run")
+    assert stored.discarded == pytest.approx(y.discarded) == again.discarded
+    assert src_dask.apply(a, x, chi_out=4, seed=0).discarded is None  # no rounding: unknown

@@ -242,12 +242,23 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
         2 * in_graph)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
             _progress.watch(graph, client, progress, performance_report, summary):
-        cores = _compute(graph, client, launch_only=not plan.to_host)
-    return None if run is not None else TensorTrain(list(cores), stack.kind, name="result")
+        cores, weights = _compute(graph, client, launch_only=not plan.to_host)
+    if weights is not None:
+        worst = max(range(len(weights)), key=weights.__getitem__)
+        log.info("src: rounding discarded at most %.3g of the weight (bond %d), %.3g in all",
+                 weights[worst], worst, sum(weights))
+    if run is not None:
+        run.write_discarded(weights)
+        return None
+    y = TensorTrain(list(cores), stack.kind, name="result")
+    y.discarded = weights
+    return y
 
 
-def _compute(graph: Any, client: Any, launch_only: bool = False) -> list[Any]:
-    """The output cores of ``graph``. On a cluster each core travels to the client as
+def _compute(graph: Any, client: Any, launch_only: bool = False
+             ) -> tuple[list[Any], list[float] | None]:
+    """The output cores of ``graph`` and the weights its rounding discards (None without
+    rounding). On a cluster each core travels to the client as
     soon as it is final, while pass 2 goes on (still one graph, one submission),
     instead of all of them in one message at the end (3.2 GB for the D_M=1000 stack).
 
@@ -256,23 +267,24 @@ def _compute(graph: Any, client: Any, launch_only: bool = False) -> list[Any]:
     the threaded one's overhead a task, runs the graph, unless the Dask config
     names a scheduler.
     """
+    weights = _graph.discarded(graph)
     if client is None:
         sync = launch_only and dask.config.get("scheduler", None) is None
-        (cores,) = dask.compute(graph, scheduler="sync" if sync else None)
-        return list(cores)
+        cores, weights = dask.compute(graph, weights, scheduler="sync" if sync else None)
+        return list(cores), weights
     from distributed import as_completed
 
-    futures = client.compute(_graph.outputs(graph))
+    futures = client.compute(_graph.outputs(graph) + ([weights] if weights is not None else []))
     where = {f.key: j for j, f in enumerate(futures)}
-    cores: list[Any] = [None] * len(futures)
+    out: list[Any] = [None] * len(futures)
     try:
-        for future, core in as_completed(futures, loop=client.loop, with_results=True):
-            cores[where[future.key]] = core
+        for future, value in as_completed(futures, loop=client.loop, with_results=True):
+            out[where[future.key]] = value
             future.release()
     except BaseException:  # a failure or an interrupt stops the rest of the run
         client.cancel(futures)
         raise
-    return cores
+    return (out[:-1], out[-1]) if weights is not None else (out, None)
 
 
 def apply(mpo: Any, x: Any, chi_out: int | None = None, **options: Any) -> TensorTrain:

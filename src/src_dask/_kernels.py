@@ -463,17 +463,20 @@ def first_core(zs: list[Any]) -> Any:
 
 # -- exact rounding (oversampled runs) -----------------------------------------
 def round_step(carry: Any | None, core: Any, chi: int, cutoff: float,
-               last: bool) -> tuple[Any, Any | None]:
-    """One step of the left-to-right SVD sweep: ``(new core, carry to the right)``.
+               last: bool) -> tuple[Any, Any | None, float | None]:
+    """One step of the left-to-right SVD sweep: ``(new core, carry to the right,
+    discarded weight)``.
 
     The input is right-canonical, so each SVD sees the true singular values of
-    its cut and the truncation to ``chi`` there is optimal.
+    its cut and the truncation to ``chi`` there is optimal; the discarded weight
+    is the share of the squared singular values dropped at this bond, ``Σ_{i>χ}
+    σ_i² / Σ σ_i²`` (None at the last site, which has no bond to its right).
     """
     xp = xp_of(core)
     if carry is not None:
         core = contract("lm,mrud->lrud", carry, core)
     if last:
-        return core, None
+        return core, None, None
     left, right, up, down = core.shape
     mat = core.transpose(0, 2, 3, 1).reshape(left * up * down, right)
     u, sv, _ = xp.linalg.svd(mat, full_matrices=False)
@@ -482,4 +485,7 @@ def round_step(carry: Any | None, core: Any, chi: int, cutoff: float,
         keep = min(keep, max(1, int((sv > cutoff * sv[0]).sum())))
     basis = _canonical_basis(u[:, :keep], mat)
     new = basis.reshape(left, up, down, keep).transpose(0, 3, 1, 2)
-    return xp.ascontiguousarray(new), basis.conj().T @ mat
+    power = sv * sv
+    total = float(power.sum())
+    dropped = float(power[keep:].sum()) / total if total > 0 else 0.0
+    return xp.ascontiguousarray(new), basis.conj().T @ mat, dropped

@@ -308,6 +308,11 @@ class RunStore:
         _integrity.consolidate(self.path, "result")  # zarr.open_group(".../result")
         _integrity.consolidate(self.path)  # xarray.open_zarr(path, group="result")
 
+    def write_discarded(self, weights: list[float] | None) -> None:
+        """The weights the rounding discarded, per bond (None: no rounding), kept with
+        the result so that a finished store returns them too."""
+        self._open_group("r+")["result"].attrs["discarded"] = weights
+
     def result(self, kind: str) -> TensorTrain:
         """The output train, as Dask arrays over ``result/site_j``: read through
         checksums, and refused once another run has replaced this one."""
@@ -316,8 +321,10 @@ class RunStore:
         verified = [_integrity.VerifiedArray(self._array(group, f"result/site_{j}"),
                                              f"{self.path}: result/site_{j} (site {j})", guard)
                     for j in range(group.attrs["sites"])]
-        return TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
-                           sources=verified)
+        y = TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
+                        sources=verified)
+        y.discarded = group["result"].attrs.get("discarded")
+        return y
 
     # -- worker side (inside tasks) ---------------------------------------------
     def _group(self) -> zarr.Group:

@@ -21,7 +21,7 @@ from .._stack import Stack
 from . import keys, pass1, pass2, tasks
 from .builder import GraphBuilder, Inputs
 
-__all__ = ["build", "keys", "outputs", "task_count", "tasks"]
+__all__ = ["build", "discarded", "keys", "outputs", "task_count", "tasks"]
 
 
 def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
@@ -38,27 +38,40 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
     envs = pass1.add(g, inputs, todo, store)
     out = pass2.add(g, inputs, envs, store, progress)
     if plan.round:
-        out = _rounding(g, out, plan)
+        out, weights = _rounding(g, out, plan)
+        g.add(keys.discarded(g.token), list, weights)
     results = [g.add(g.name("result", j), tasks.finish, o, kind=stack.kind, site=j, n=stack.n,
                      store=store, to_host=plan.to_host)
                for j, o in enumerate(out)]
     return g.delayed(g.add(keys.result(g.token), list, results))
 
 
-def _rounding(g: GraphBuilder, out: list[Any], plan: Plan) -> list[Any]:
-    """The exact rounding sweep to ``plan.chi_out``, left to right (docs/design.md §2.4)."""
-    carry, n, rounded = None, len(out), []
+def _rounding(g: GraphBuilder, out: list[Any], plan: Plan) -> tuple[list[Any], list[Any]]:
+    """The exact rounding sweep to ``plan.chi_out``, left to right (docs/design.md §2.4):
+    the rounded cores, and the keys of the weight each bond discards."""
+    carry, n, rounded, weights = None, len(out), [], []
     for j, core in enumerate(out):
         step = g.add((g.name("round", j), "svd"), K.round_step, carry, core, chi=plan.chi_out,
                      cutoff=plan.cutoff, last=j == n - 1)
         rounded.append(g.add((g.name("round", j), "core"), operator.getitem, step, 0))
-        carry = g.add((g.name("round", j), "carry"), operator.getitem, step, 1)
-    return rounded
+        if j < n - 1:
+            carry = g.add((g.name("round", j), "carry"), operator.getitem, step, 1)
+            weights.append(g.add((g.name("round", j), "discarded"), operator.getitem, step, 2))
+    return rounded, weights
 
 
 def task_count(graph: Delayed) -> int:
-    """Tasks a scheduler runs for ``graph`` (what its result does not need is culled)."""
-    return len(graph.__dask_graph__().cull({graph.key}))
+    """Tasks a scheduler runs for ``graph`` and :func:`discarded` (the rest is culled)."""
+    extra = discarded(graph)
+    wanted = {graph.key} | ({extra.key} if extra is not None else set())
+    return len(graph.__dask_graph__().cull(wanted))
+
+
+def discarded(graph: Delayed) -> Delayed | None:
+    """The weights the rounding sweep of ``graph`` discards, one per bond (a list), or
+    None for a graph without rounding."""
+    key = keys.discarded(graph.key.rsplit("-", 1)[1])
+    return Delayed(key, graph.dask, layer=graph.key) if key in graph.dask else None
 
 
 def outputs(graph: Delayed) -> list[Delayed]:

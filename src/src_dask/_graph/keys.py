@@ -34,6 +34,7 @@ from typing import Any
 #: The steps, in the order the sweep runs them.
 STEPS = ("load", "pass1", "pass2", "round", "result")
 RESULT = "src_result"
+DISCARDED = "src_discarded"
 _STEP = re.compile(r"(load|pass1|pass2|round|result)_site(\d+)")
 
 
@@ -50,6 +51,11 @@ def name(step: str, site: int, token: str) -> str:
 def result(token: str) -> str:
     """The key of the list of output cores."""
     return f"{RESULT}-{token}"
+
+
+def discarded(token: str) -> str:
+    """The key of the list of weights the rounding sweep discards, one per bond."""
+    return f"{DISCARDED}-{token}"
 
 
 def read() -> tuple[str]:
