@@ -46,12 +46,19 @@ def test_distance_on_a_cluster_and_on_a_store(tmp_path):
     from distributed import Client, LocalCluster
 
     a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    import io
+
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         y = src_dask.apply(a, x, chi_out=5, seed=0, client=client, store=tmp_path / "run")
-        d = src_dask.distance(y, a, x, client=client)
+        stream = io.StringIO()
+        d = src_dask.distance(y, a, x, client=client, progress=stream)
     p = dense_product(a, x)
     assert d == pytest.approx(np.linalg.norm(y.to_dense() - p) / np.linalg.norm(p), rel=1e-8)
+    assert stream.getvalue().count("overlaps)") == 3
+    local = io.StringIO()
+    assert src_dask.distance(y, a, x, progress=local) == pytest.approx(d, rel=1e-10)
+    assert "100%" in local.getvalue()
 
 
 def test_train_arithmetic_makes_new_trains():

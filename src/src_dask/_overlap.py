@@ -49,16 +49,41 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
         if mine != theirs:
             raise ValueError(f"distance: site {j}: y's physical legs (up, down) {mine} are not "
                              f"the product's {theirs}")
-    yy, yp, pp = (_chain(a, b) for a, b in ((result, result), (result, product),
-                                            (product, product)))
-    if client is not None:
-        yy, yp, pp = client.compute([yy, yp, pp], sync=True)
-    else:
-        yy, yp, pp = dask.compute(yy, yp, pp)
+    chains = [_chain(a, b) for a, b in ((result, result), (result, product),
+                                        (product, product))]
+    yy, yp, pp = _compute(chains, client, progress)
     if pp == 0:
         raise ZeroDivisionError("distance: the product is zero")
     err2 = max(0.0, yy.real - 2 * yp.real + pp.real)
     return math.sqrt(err2 / pp.real)
+
+
+def _compute(chains: list[Any], client: Any, progress: Any) -> list[complex]:
+    """The overlaps of ``chains``, with a progress report on ``progress`` (True: stderr):
+    Dask's bar by task on the local scheduler, a line per overlap on a cluster."""
+    import sys
+
+    stream = sys.stderr if progress is True else progress or None
+    if client is None:
+        if stream is None:
+            return list(dask.compute(*chains))
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(out=stream):
+            return list(dask.compute(*chains))
+    from distributed import as_completed
+
+    futures = client.compute(chains)
+    where = {f.key: i for i, f in enumerate(futures)}
+    out: list[Any] = [None] * len(futures)
+    names = ("<y|y>", "<y|P>", "<P|P>")
+    for done, (future, value) in enumerate(as_completed(futures, with_results=True), 1):
+        out[where[future.key]] = value
+        if stream is not None:
+            stream.write(f"src_dask.distance: {names[where[future.key]]} done "
+                         f"({done} of {len(futures)} overlaps)\n")
+            stream.flush()
+    return out
 
 
 def _chain(bra: Stack, ket: Stack) -> Any:
