@@ -179,16 +179,29 @@ def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, store: bool,
 def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None,
               client: Any) -> _plan.Plan:
     """The run's plan, but for the seed's key (set once the seed is known)."""
-    sketch = _plan.sketch_width(stack, chi_out, extra)
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
-    task = _plan.task_bytes(*free_memory(client, device))
-    chunk = min(chunk or _plan.default_chunk(stack, sketch, _plan.slots(client, device), task),
-                sketch)
     lazy = sum(K.nbytes(c) for c in inputs if not is_in_memory(c))
-    keep = _plan.keep_inputs(lazy, worker_memory(client, device) if lazy else None)
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
+    return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device,
+                       free=free_memory(client, device), slots=_plan.slots(client, device),
+                       memory=worker_memory(client, device) if lazy else None,
+                       to_host=to_host)
+
+
+def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
+                device: str, free: tuple[int | None, int], slots: int, memory: int | None,
+                to_host: bool = True) -> _plan.Plan:
+    """The plan for workers described by numbers (``free``: what the smallest has free
+    and its threads; ``slots``: blocks that run at once; ``memory``: its memory, for
+    keeping lazy inputs): what :func:`plan` asks the workers for, and what a plan for
+    a machine one does not have (``benchmarks/plan_reference.py``) gives by hand."""
+    sketch = _plan.sketch_width(stack, chi_out, extra)
+    task = _plan.task_bytes(*free)
+    chunk = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
+    lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not is_in_memory(c))
+    keep = _plan.keep_inputs(lazy, memory)
     plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=min(chi_out, sketch), cutoff=cutoff,
                       key=0, round=extra > 0, device=device, to_host=to_host,
                       keep_inputs=keep, task_bytes=task)
