@@ -1,5 +1,5 @@
 # ruff: noqa: T201
-"""The memory plan of the reference stacks on GPU machines one may not have at hand.
+"""Memory plans of the reference stacks on described GPU machines.
 
 ``src_dask.plan`` asks the workers of a running cluster what they have; this script
 gives the same plan for a described machine (GPUs, device memory, host memory, disk)
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import math
 import sys
-import time
 
 import src_dask
 from src_dask import _api, _estimate, _graph, _plan, _runstore
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(["python benchmarks/plan_reference.py",
                                             *(argv or sys.argv[1:])]),
-                       "date": time.strftime("%Y-%m-%d"),
+                       "date": datetime.date.today().isoformat(),
                        "note": "a plan for described machines, computed on a CPU: no run",
                        "machines_GiB": {g: [x / 2**30 for x in m] for g, m in MACHINES.items()},
                        "records": records}, f, indent=1)

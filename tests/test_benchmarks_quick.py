@@ -13,7 +13,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
-           "gpu_reference", "plot_stack", "profile_gpu", "profile_kernels")
+           "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels")
 #: What every table with a percentage of the GEMM rate states under it.
 FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
@@ -171,3 +171,18 @@ def test_plot_stack_draws_the_recorded_runs(tmp_path):
     out = tmp_path / "stack.png"
     plot_stack.main([*map(str, paths), "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_reference_prints_plans_and_verdicts(tmp_path, capsys):
+    """The plan of a stack on described GPU machines (no GPU needed, nothing drawn)."""
+    import json
+
+    from plan_reference import main
+
+    assert main(["--gpus", "1", "2", "--dm", "64", "--chi-out", "32",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("SRC plan: MPO·MPO·MPO·MPO") == 2 and "device_peak_fits True" in out
+    records = json.loads((tmp_path / "p.json").read_text())["records"]
+    assert [r["gpus"] for r in records] == [1, 2]
+    assert records[1]["plan"]["peak_device"] < records[0]["plan"]["peak_device"]

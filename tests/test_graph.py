@@ -400,7 +400,7 @@ def _split_graph(n=7, workers=("w0", "w1"), sketch=8, chunk=4, z_block_bytes=1,
     return stack, plan, graph
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_split_pass_2_moves_one_environment_a_site(workers):
     """Pass 2 split by rows of Z (config pass2-split): each worker projects, sketches
     and updates its own rows. Per site a worker receives the blocks of C_j it did
@@ -488,6 +488,29 @@ def test_split_pass_2_gives_the_same_result(cluster_client, options):
             ran.setdefault(t["key"][1], set()).add(t["worker"])
     assert len(ran["project"]) == 2 and len(ran["update"]) == 2 and len(ran["qr"]) == 1
     assert [c.shape for c in y] == [c.shape for c in ref]
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_split_pass_2_on_four_workers_gives_the_same_result():
+    """Four workers standing in for four GPUs: every one projects and updates rows of
+    Z, one runs each QR, and the cores are the one-process run's to rounding."""
+    from distributed import Client, LocalCluster, get_task_stream
+
+    trains = (random_mpo(7, 3, phys=2, seed=3), random_mps(7, 8, phys=2, seed=4))
+    run = dict(chi_out=16, seed=2, chunk=4)
+    with dask.config.set({"src_dask.pass2-split": True}):
+        ref = src_dask.src(*trains, **run)
+        with LocalCluster(n_workers=4, threads_per_worker=1, processes=False,
+                          dashboard_address=None) as cluster, \
+                Client(cluster, set_as_default=False) as client, \
+                get_task_stream(client=client) as stream:
+            y = src_dask.src(*trains, client=client, **run)
+    ran = {}
+    for t in stream.data:
+        if key_split(t["key"]).startswith("pass2"):
+            ran.setdefault(t["key"][1], set()).add(t["worker"])
+    assert len(ran["project"]) == 4 and len(ran["update"]) == 4
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
 
