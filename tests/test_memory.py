@@ -128,7 +128,7 @@ def _deep_stack(depth: int, n: int, bond: int):
 
 @pytest.mark.slow  # ~1-2 min each on 2 cores: `make test-slow`
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("depth, bond, n, chi, store", [(3, 16, 44, 600, False),
+@pytest.mark.parametrize("depth, bond, n, chi, store", [(3, 16, 53, 500, False),
                                                        (4, 8, 54, 500, True)])
 def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
     """Environments at least 4x a worker's memory: chunks, projected-core blocks and
@@ -150,3 +150,22 @@ def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
     assert set(peaks) == workers  # no worker was lost or restarted
     assert all(p < DEEP_LIMIT for p in peaks.values()), peaks
     _assert_same(y, ref)
+
+
+@pytest.mark.timeout(120)
+def test_an_environment_sum_above_the_pause_threshold_is_refused_at_once(tmp_path):
+    """Depth 3, bonds 16, chi_out 600 on a 400 MiB worker: pass 2 sums an environment of
+    600 x 16^3 numbers twice (79 MB), more than the worker can give a task between
+    the memory Dask spills down to (60 % of the limit) and the pause threshold (80 %).
+    Run anyway, the worker paused and resumed ten times a second for over a quarter
+    of an hour; the plan refuses it before any work, with both sizes."""
+    from src_dask.errors import PlanError
+
+    trains = _deep_stack(3, 44, 16)
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=DEEP_LIMIT,
+                      dashboard_address=":0",
+                      local_directory=str(tmp_path / "workers")) as cluster, \
+            Client(cluster) as client:
+        with pytest.raises(PlanError, match=r"environment it sums .* a task may use"):
+            src_dask.src(*trains, chi_out=600, seed=2, client=client)
+        assert not client.run(lambda dask_worker: len(dask_worker.state.tasks)).popitem()[1]

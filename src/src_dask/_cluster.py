@@ -298,14 +298,32 @@ def _free(device: str, client_pid: int | None = None, dask_worker: Any = None) -
             return _memory(device)
         import psutil
 
-        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        manager = getattr(dask_worker, "memory_manager", None)
+        limit = getattr(manager, "memory_limit", None)
         if limit and os.getpid() == client_pid:  # a worker in the client's process: its
             return int(limit)  # memory is the client's too, so the limit is what it has
         if limit:
-            return max(0, int(limit) - psutil.Process().memory_info().rss)
+            rss = psutil.Process().memory_info().rss
+            return max(0, min(int(limit) - rss, _below_pause(manager, int(limit), rss)))
         return int(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001 - no device or no psutil: unknown
         return None
+
+
+def _below_pause(manager: Any, limit: int, rss: int) -> int:
+    """Free memory such that the tasks' share of it (config ``memory-fraction``) stays
+    below the worker's pause threshold: Dask spills stored data until its process
+    is back at the target fraction of the limit, so the tasks run on top of that
+    (or of what the process holds, if more). A worker past the threshold pauses,
+    and one whose tasks keep crossing it pauses and resumes ten times a second."""
+    from . import config
+
+    pause = getattr(manager, "memory_pause_fraction", False) or 0.95
+    target = getattr(manager, "memory_target_fraction", False)
+    spill = getattr(manager, "memory_spill_fraction", False)
+    settles = min([f for f in (target, spill) if f] or [0.0]) * limit
+    tasks = max(0.0, pause * limit - max(rss, settles))
+    return int(tasks / config.get("memory-fraction"))
 
 
 def _memory(device: str, dask_worker: Any = None) -> int | None:
