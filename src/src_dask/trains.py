@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from dask.utils import format_bytes
 
 from . import _arraylike
 from ._layout import RANKS, pad, pad_bonds, role, unpad
@@ -150,7 +151,7 @@ class TensorTrain(Sequence):
         legs = (",".join(str(p[0]) if len(p) == 1 else "x".join(map(str, p)) for p in phys)
                 if len(phys) <= 3 else f"{len(phys)} kinds")
         return (f"TensorTrain({self.kind}, {len(self)} sites, max bond "
-                f"{max(bonds)}, phys {legs}, {self.dtype}, {_human_bytes(self.nbytes)}, "
+                f"{max(bonds)}, phys {legs}, {self.dtype}, {format_bytes(self.nbytes)}, "
                 f"{self.device})")
 
     def _repr_html_(self) -> str:
@@ -168,7 +169,7 @@ class TensorTrain(Sequence):
                 ("bonds", f"max {top}, min {min(bonds)}"),
                 ("physical legs", ", ".join(sorted({_legs_text(p) for p in self.phys_dims}))),
                 ("dtype", self.dtype), ("device", self.device),
-                ("bytes", _human_bytes(self.nbytes))]
+                ("bytes", format_bytes(self.nbytes))]
         if self.seed is not None:
             rows.append(("seed", self.seed))
         table = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
@@ -391,14 +392,6 @@ def _scaled(core: Any, a: Any) -> Any:
     if np.dtype(out.dtype).kind in "iub":  # an integer core scaled stays floating
         out = out.astype(np.float64)
     return out
-
-
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "kiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def _legs_text(dims: tuple[int, ...]) -> str:
