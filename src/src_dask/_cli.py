@@ -872,27 +872,12 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
             "Where it runs: --scheduler-file (a running cluster), --gpus (a local dask-cuda "
             "cluster, one worker per GPU), --workers (a local CPU cluster), else Dask's "
             "threaded scheduler in this process."))
-    p.add_argument("trains", nargs="+", metavar="TRAIN",
-                   help="saved trains (src_dask.save / 'src-dask generate'), leftmost first")
-    p.add_argument("--chi-out", type=_positive_int, required=True, metavar="N",
-                   help="bond dimension of the result")
+    _add_problem_options(p, store="run store (Zarr) for environments and progress: bounded "
+                         "memory, resumable")
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the result")
-    p.add_argument("--oversample", type=_oversample, default=0, metavar="N|auto",
-                   help="extra sketch columns, or 'auto' = max(ceil(chi_out/2), 10); with "
-                   "N > 0 the result is rounded exactly to chi_out (default 0)")
-    p.add_argument("--cutoff", type=_cutoff, default=0.0, metavar="X",
-                   help="relative singular-value threshold in [0, 1) (default 0)")
     p.add_argument("--seed", type=_non_negative_int, metavar="N",
                    help="seed of the sketch (default: a fresh one, printed and recorded "
                    "with the output; with --store, the store's)")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="working and output dtype (default: promoted from the inputs)")
-    p.add_argument("--chunk", type=_positive_int, metavar="N",
-                   help="sketch columns per block (default: one block per worker thread, "
-                   "none over 256 MiB)")
-    p.add_argument("--store", metavar="DIR",
-                   help="run store (Zarr) for environments and progress: bounded memory, "
-                   "resumable")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out if it holds a src_dask train")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction,
@@ -910,6 +895,26 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run, parser=p)
 
 
+def _add_problem_options(p: argparse.ArgumentParser, store: str) -> None:
+    """The trains and the options of ``src`` that ``run`` and ``plan`` share
+    (``store``: the help of ``--store``)."""
+    p.add_argument("trains", nargs="+", metavar="TRAIN",
+                   help="saved trains (src_dask.save / 'src-dask generate'), leftmost first")
+    p.add_argument("--chi-out", type=_positive_int, required=True, metavar="N",
+                   help="bond dimension of the result")
+    p.add_argument("--oversample", type=_oversample, default=0, metavar="N|auto",
+                   help="extra sketch columns, or 'auto' = max(ceil(chi_out/2), 10); with "
+                   "N > 0 the result is rounded exactly to chi_out (default 0)")
+    p.add_argument("--cutoff", type=_cutoff, default=0.0, metavar="X",
+                   help="relative singular-value threshold in [0, 1) (default 0)")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="working and output dtype (default: promoted from the inputs)")
+    p.add_argument("--chunk", type=_positive_int, metavar="N",
+                   help="sketch columns per block (default: one block per worker thread, "
+                   "none over 256 MiB)")
+    p.add_argument("--store", metavar="DIR", help=store)
+
+
 def _add_plan(sub: Any, common: argparse.ArgumentParser) -> None:
     fmt = _FORMAT
     p = sub.add_parser(
@@ -925,20 +930,7 @@ def _add_plan(sub: Any, common: argparse.ArgumentParser) -> None:
             "The workers planned for: --scheduler-file (a running cluster), --gpus or "
             "--workers (a local cluster, started to ask its workers what they have), else "
             "Dask's threaded scheduler in this process."))
-    p.add_argument("trains", nargs="+", metavar="TRAIN",
-                   help="saved trains (src_dask.save / 'src-dask generate'), leftmost first")
-    p.add_argument("--chi-out", type=_positive_int, required=True, metavar="N",
-                   help="bond dimension of the result")
-    p.add_argument("--oversample", type=_oversample, default=0, metavar="N|auto",
-                   help="extra sketch columns, or 'auto' (default 0)")
-    p.add_argument("--cutoff", type=_cutoff, default=0.0, metavar="X",
-                   help="relative singular-value threshold in [0, 1) (default 0)")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="working and output dtype (default: promoted from the inputs)")
-    p.add_argument("--chunk", type=_positive_int, metavar="N",
-                   help="sketch columns per block (default: planned)")
-    p.add_argument("--store", metavar="DIR",
-                   help="plan a run with a run store there (its disk is checked)")
+    _add_problem_options(p, store="plan a run with a run store there (its disk is checked)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_cluster_options(p)
     p.set_defaults(func=plan, parser=p)
