@@ -1,11 +1,12 @@
 """Helpers of the tests: random trains in quimb's layouts (drawn by
 :func:`src_dask.problems.random_train`, held in memory), dense reference
-products, and a counter of the graphs a scheduler receives."""
+products, a counter of the graphs a scheduler receives, and the peak resident
+memory of cluster workers."""
 
 from __future__ import annotations
 
 import numpy as np
-from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from src_dask import TensorTrain, problems
 
@@ -68,3 +69,31 @@ def graphs_received(client, name: str):
     client.register_plugin(CountGraphs(), name=name)
     return lambda: client.run_on_scheduler(
         lambda dask_scheduler: dask_scheduler.plugins[name].graphs)
+
+
+class PeakRSS(WorkerPlugin):
+    """Samples the worker process's resident memory every 5 ms (``register_plugin`` it,
+    then read :func:`peak_rss`)."""
+
+    name = "peak-rss"
+
+    def setup(self, worker):
+        import threading
+        import time
+
+        import psutil
+
+        self.peak = 0
+        proc = psutil.Process()
+
+        def sample():
+            while True:
+                self.peak = max(self.peak, proc.memory_info().rss)
+                time.sleep(0.005)
+
+        threading.Thread(target=sample, daemon=True).start()
+
+
+def peak_rss(client) -> dict:
+    """The peak resident memory of each worker since :class:`PeakRSS` was registered."""
+    return client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)

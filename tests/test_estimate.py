@@ -11,17 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
-import time
 
 import dask
 import numpy as np
-import psutil
 import pytest
 from dask.callbacks import Callback
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import WorkerPlugin
-from helpers import random_mpo, random_mps
+from helpers import PeakRSS, peak_rss, random_mpo, random_mps
 
 import src_dask
 from src_dask import RunPlan, problems
@@ -80,21 +76,6 @@ def test_flops_follow_the_shapes():
     assert one["pass 2"] == pytest.approx(4 * real["pass 2"])
 
 
-class _PeakRSS(WorkerPlugin):
-    name = "peak-rss"
-
-    def setup(self, worker):
-        self.peak = 0
-        proc = psutil.Process()
-
-        def sample():
-            while True:
-                self.peak = max(self.peak, proc.memory_info().rss)
-                time.sleep(0.005)
-
-        threading.Thread(target=sample, daemon=True).start()
-
-
 @pytest.mark.parametrize("depth, n, bond, chi, limit, store", [
     pytest.param(2, 24, 48, 384, 800 * 2**20, False,  # environments dominate
                  marks=pytest.mark.slow),
@@ -107,15 +88,16 @@ def test_planned_peaks_are_the_measured_ones(tmp_path, depth, n, bond, chi, limi
     with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit,
                       dashboard_address=None, local_directory=str(tmp_path / "w")) as cluster, \
             Client(cluster, set_as_default=False) as client:
-        client.register_plugin(_PeakRSS())
+        client.register_plugin(PeakRSS())
         options = {"chi_out": chi, "seed": 1, "client": client,
                    "store": tmp_path / "run" if store else None}
         p = src_dask.plan(*trains, **options)
         src_dask.src(*trains, **options)
-        peaks = client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)
+        measured_peaks = peak_rss(client)
     assert p.workers == 2 and p.host_limit == limit
-    measured = max(peaks.values())
-    assert 0.75 * measured <= p.peak_host <= 1.25 * measured, (p.peak_host, peaks, str(p))
+    measured = max(measured_peaks.values())
+    assert 0.75 * measured <= p.peak_host <= 1.25 * measured, (p.peak_host, measured_peaks,
+                                                              str(p))
 
 
 def test_src_logs_the_plan(caplog):

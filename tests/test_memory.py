@@ -8,14 +8,10 @@ every contraction stays cheap, so the test measures memory, not FLOPs.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
-import psutil
 import pytest
 from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import WorkerPlugin
+from helpers import PeakRSS, peak_rss
 
 import src_dask
 from src_dask import TensorTrain
@@ -41,27 +37,6 @@ def _inflated_rank2_mps(seed: int = 0) -> TensorTrain:
 
 def env_bytes() -> int:
     return sum(CHI * (B if j % 2 else 2) for j in range(N - 1)) * 16
-
-
-class PeakRSS(WorkerPlugin):
-    """Samples the worker process's resident memory every 5 ms."""
-
-    name = "peak-rss"
-
-    def setup(self, worker):
-        self.peak = 0
-        proc = psutil.Process()
-
-        def sample():
-            while True:
-                self.peak = max(self.peak, proc.memory_info().rss)
-                time.sleep(0.005)
-
-        threading.Thread(target=sample, daemon=True).start()
-
-
-def _peaks(client) -> dict:
-    return client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +68,7 @@ def test_store_bounds_memory(problem, tmp_path):
         y = src_dask.compress(x, CHI, cutoff=1e-10, seed=1, chunk=CHUNK, client=client,
                               store=tmp_path / "run")
         _assert_same(y, ref)
-        peaks = _peaks(client)
+        peaks = peak_rss(client)
         assert set(peaks) == workers  # no worker was lost or restarted
         assert all(p < LIMIT for p in peaks.values()), peaks
 
@@ -106,7 +81,7 @@ def test_spilling_bounds_memory_without_a_store(problem, tmp_path):
         workers = set(client.scheduler_info()["workers"])
         y = src_dask.compress(x, CHI, cutoff=1e-10, seed=1, chunk=CHUNK, client=client)
         _assert_same(y, ref)
-        peaks = _peaks(client)
+        peaks = peak_rss(client)
         spilled = client.run(lambda dask_worker:
                              dask_worker.data.cumulative_metrics[("disk-write", "bytes")])
         assert set(peaks) == workers
@@ -146,7 +121,7 @@ def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
         workers = set(client.scheduler_info()["workers"])
         y = src_dask.src(*trains, chi_out=chi, seed=2, client=client,
                          store=tmp_path / "run" if store else None)
-        peaks = _peaks(client)
+        peaks = peak_rss(client)
     assert set(peaks) == workers  # no worker was lost or restarted
     assert all(p < DEEP_LIMIT for p in peaks.values()), peaks
     _assert_same(y, ref)
