@@ -26,8 +26,9 @@ HERE = Path(__file__).resolve().parent
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The command-line options of :func:`bench_cluster`."""
-    p.add_argument("--device-memory-limit", default="0.8",
-                   help="per GPU worker before spilling to host (src_dask.cluster)")
+    p.add_argument("--device-memory-limit", default="0.7",
+                   help="per GPU worker before spilling to host (src_dask.cluster's "
+                        "default, 0.7)")
     p.add_argument("--memory-limit", default="auto",
                    help="host memory per worker before spilling to disk")
     p.add_argument("--protocol", choices=("tcp", "ucx"), default="tcp",
@@ -45,7 +46,7 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def rmm_options(rmm: str, device_memory_limit: Any = 0.8) -> dict[str, Any]:
+def rmm_options(rmm: str, device_memory_limit: Any = 0.7) -> dict[str, Any]:
     """``src_dask.cluster`` options for an RMM allocator: ``"async"`` (RMM's
     stream-ordered pool) or ``"pool"`` (a classic RMM pool, which CUDA IPC between GPUs
     over UCX maps once), spelt out rather than left to ``src_dask.cluster``'s default,

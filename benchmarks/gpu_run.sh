@@ -25,7 +25,7 @@
 #              bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
 #              and src-method on $SRCM_DEVICES GPUs (default 2) in one run
 #              (stack_gpu_dm1000_x2.json); then D_M=2000/chi_out=1000 the same, its
-#              1-worker run with --device-memory-limit 0.5 and the rest merged into the
+#              1-worker run first and the rest merged into the
 #              same record (stack_gpu_dm2000_x2.json). Each stack run is limited to
 #              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min
 #   xfer       what holds the transfers up inside a run (nvidia-h200-x2): bench_stack.py
@@ -118,7 +118,7 @@ part_stackq() {  # quimb's src on the stack (CuPy arrays, in this process), then
 part_stack1() {  # one GPU, src_dask's defaults (inputs kept when they fit) and variants
     stack dm1000 1000 500 --workers 1 --report "$OUT/report_dm1000.html"
     stack dm1000_reread 1000 500 --workers 1 --keep-inputs no
-    stack dm2000 2000 1000 --workers 1 --no-compare --device-memory-limit 0.5
+    stack dm2000 2000 1000 --workers 1 --no-compare
     part_stackq
 }
 
@@ -143,7 +143,7 @@ part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-meth
     local STACK_TIMEOUT=${X2_TIMEOUT:-900} link=(--protocol ucx --rmm pool)
     # shellcheck disable=SC2086  # SRCM_DEVICES may list several counts
     stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2}
-    stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare --device-memory-limit 0.5
+    stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare
     # shellcheck disable=SC2086
     stack dm2000_x2 2000 1000 --workers 2 "${link[@]}" --no-compare --merge \
         --src-method-devices ${SRCM_DEVICES:-2}

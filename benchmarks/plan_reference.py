@@ -23,6 +23,8 @@ import json
 import math
 import sys
 
+import dask
+
 import src_dask
 from src_dask import _api, _estimate, _graph, _plan, _runstore
 from src_dask._stack import make_stack
@@ -36,20 +38,23 @@ WORKER_RSS = 3 * 2**30  # a dask-cuda worker's own host memory (CUDA context, li
 
 
 def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int, host_memory: int,
-             device_fraction: float = 0.9) -> src_dask.RunPlan:
+             device_fraction: float = 0.8, threads: int = 4) -> src_dask.RunPlan:
     """The plan of the D_M stack on ``gpus`` GPU workers of ``device_memory`` each, with
-    dask-cuda's device limit at ``device_fraction`` and the host's memory shared."""
+    dask-cuda's device limit at ``device_fraction`` (``src_dask.cluster``'s default),
+    ``threads`` per worker (also its default) and the host's memory shared."""
     trains = src_dask.problems.stack(50, dm).values()
     stack = make_stack(tuple(trains))
     device_limit = int(device_fraction * device_memory)
     p = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
-                         free=(device_memory, 1), slots=gpus, memory=device_memory)
+                         free=(device_memory, threads), slots=gpus, memory=device_memory,
+                         device_memory=device_memory, device_keep=device_limit, workers=gpus)
     workers = [f"ucx://gpu{i}" for i in range(gpus)]
     sweep = _plan.SweepPlan.decide(stack, p, workers)
     graph = _graph.build(stack, p, workers)
     host = host_memory // gpus
-    facts = _estimate.Workers(count=gpus, threads=1, rss=WORKER_RSS, host_limit=host,
-                              keep=int(0.6 * host), device_limit=device_limit)
+    facts = _estimate.Workers(count=gpus, threads=threads, rss=WORKER_RSS, host_limit=host,
+                              keep=int(0.6 * host), device_limit=device_limit,
+                              device_memory=device_memory)
     return _estimate.estimate(stack, sweep, facts, store=False,
                               tasks=_graph.task_count(graph),
                               store_bytes=_runstore.planned_bytes(stack, p.sketch),
@@ -57,10 +62,12 @@ def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int, host_memory: 
                               where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
 
 
-def verdict(p: src_dask.RunPlan, host_memory: int, disk: int) -> dict:
-    """Whether the plan fits the machine, and by how much."""
+def verdict(p: src_dask.RunPlan, device_memory: int, host_memory: int, disk: int) -> dict:
+    """Whether the plan fits the machine, and by how much: the device's data (up to
+    dask-cuda's limit) and tasks within the device less its headroom."""
     spill_to_disk = max(0, p.spilled * p.workers - host_memory + p.workers * WORKER_RSS)
-    return {"device_peak_fits": p.peak_device <= p.device_limit,
+    usable = (1 - dask.config.get("src_dask.device-headroom")) * device_memory
+    return {"device_peak_fits": p.peak_device <= usable,
             "spilled_to_host_GB": p.spilled * p.workers / 1e9,
             "spills_to_disk_GB": spill_to_disk / 1e9,
             "inputs_fit_disk": p.input_bytes <= disk,
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         for gpus in args.gpus:
             device, host, disk = MACHINES.get(gpus, MACHINES[4])
             p = plan_for(gpus, dm, chi, device, host)
-            fits = verdict(p, host, disk)
+            fits = verdict(p, device, host, disk)
             print(f"\n== D_M={dm}, chi_out={chi}, {gpus} GPU{'s' * (gpus > 1)} "
                   f"(host {host / 2**30:.0f} GiB, disk {disk / 2**30:.0f} GiB)")
             print(p)

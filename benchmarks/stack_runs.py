@@ -85,6 +85,9 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
         src_dask.src(*tiny_stack(args.phys), chi_out=4, seed=0, client=client)
         warm = time.perf_counter() - t0
         report = _report_path(args, client, n_workers, mode)
+        # what the memory plan expects, to set beside what the run measures
+        planned = src_dask.plan(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
+                                client=client, store=store)
 
         def run():
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
@@ -111,6 +114,10 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
     remove_store()
     return {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
             "keep_inputs": {"option": args.keep_inputs, "decision": kept.decision}, **timing,
+            "plan": {"text": str(planned), "peak_device_bytes": planned.peak_device,
+                     "peak_host_bytes": planned.peak_host, "spilled_bytes": planned.spilled,
+                     "task_bytes": planned.task_bytes, "chunk": planned.chunk,
+                     "z_blocks_max": max(planned.z_blocks), "tasks": planned.tasks},
             "memory": memory.result(), "spilled": spilled,
             "calls": len(timing["times_s"]) + ("warmup_s" in timing), "profile": profile,
             "transfers": transfers,

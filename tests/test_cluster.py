@@ -114,7 +114,7 @@ def _warnings(caplog) -> list[str]:
             if r.name == "src_dask" and r.levelno >= logging.WARNING]
 
 
-POOL = {"rmm_async": False, "rmm_pool_size": 0.8, "rmm_maximum_pool_size": 0.9,
+POOL = {"rmm_async": False, "rmm_pool_size": 0.7, "rmm_maximum_pool_size": 0.9,
         "rmm_allocator_external_lib_list": ["cupy"]}
 
 
@@ -127,7 +127,7 @@ def test_several_gpus_default_to_ucx_and_an_rmm_pool(gpus, caplog):
     with caplog.at_level(logging.INFO, logger="src_dask"):
         kw = start()
     assert kw["protocol"] == "ucx" and _rmm(kw) == POOL
-    assert kw["host"] == "127.0.0.1" and kw["device_memory_limit"] == 0.8
+    assert kw["host"] == "127.0.0.1" and kw["device_memory_limit"] == 0.7
     assert kw["threads_per_worker"] == 4 and "CUDA_VISIBLE_DEVICES" not in kw
     # UCX listens on every interface (host does not bind it): said once, as a WARNING,
     # since the cluster is no longer private; protocol="ucx" chooses it knowingly
@@ -286,3 +286,20 @@ def test_free_memory_of_workers_is_their_limit_less_what_they_hold(tmp_path):
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
         assert free_memory(client, "cpu") == (limit, 1)
+
+
+def test_device_limit_is_read_from_dask_cudas_worker_data():
+    """dask-cuda's DeviceHostFile keeps its device limit as its device buffer's ``n``
+    (a zict Buffer); ProxifyHostFile as its manager's ``device_memory_limit``."""
+    from types import SimpleNamespace
+
+    import zict
+
+    from src_dask._cluster import _device_limit
+
+    buffer = zict.Buffer({}, {}, n=123 * 2**20)
+    assert _device_limit(SimpleNamespace(device_buffer=buffer)) == 123 * 2**20
+    manager = SimpleNamespace(device_memory_limit=7 * 2**30)
+    assert _device_limit(SimpleNamespace(manager=manager)) == 7 * 2**30
+    assert _device_limit({}) is None  # a plain worker's dict: not told
+    assert _device_limit(SimpleNamespace(device_buffer={})) is None  # no limit: no spilling

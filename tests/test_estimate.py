@@ -110,7 +110,7 @@ def test_src_logs_the_plan(caplog):
 
 def test_a_column_larger_than_a_worker_is_refused_before_any_work(tmp_path):
     trains = _stack(2, 8, 32)
-    with dask.config.set({"src_dask.memory-limit": "1 MiB"}), _Ran() as ran:
+    with dask.config.set({"src_dask.memory-limit": "256 KiB"}), _Ran() as ran:
         with pytest.raises(PlanError, match="but a task may use"):
             src_dask.plan(*trains, chi_out=64)
         with pytest.raises(PlanError, match="but a task may use"):
@@ -148,3 +148,28 @@ def test_the_command_line_prints_the_plan(tmp_path, capsys):
     with dask.config.set({"src_dask.memory-limit": "1 KiB"}):
         assert main(["plan", *args]) == 1
     assert "but a task may use" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_kept_lazy_inputs_count_as_data_on_every_gpu_worker():
+    """Lazy inputs the plan keeps for pass 2 are data the workers hold all run long: on
+    CPU workers their share (each core is read once), on GPU workers a whole copy each
+    (every GPU worker reads its own)."""
+    import dask.array as da
+
+    from src_dask import _estimate, _plan
+    from src_dask import _kernels as K
+    from src_dask._stack import make_stack
+
+    mpo, mps = random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)
+    lazy = [[da.from_array(c) for c in t] for t in (mpo, mps)]
+    stack = make_stack(tuple(lazy))
+    nbytes = sum(K.nbytes(c) for t in lazy for c in t)
+    for device, workers, share in [("cpu", 2, 0.5), ("gpu", 2, 1.0), ("gpu", 1, 1.0)]:
+        base = _plan.Plan(sketch=16, chunk=8, chi_out=16, cutoff=0.0, key=0, round=False,
+                          device=device)
+        kept = dataclasses.replace(base, keep_inputs=True)
+        without = _estimate.data_held(stack, base, workers, False)
+        with_inputs = _estimate.data_held(stack, kept, workers, False)
+        assert [b - a for a, b in zip(without, with_inputs, strict=True)] == \
+            pytest.approx([nbytes * share] * len(without))

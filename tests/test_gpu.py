@@ -80,6 +80,40 @@ def test_cupy_inputs_run_on_the_gpu():
     _same(y, ref)
 
 
+def test_distance_of_cupy_trains_on_the_gpu(monkeypatch):
+    """distance streams its overlaps on the device when the trains are CuPy arrays (or
+    the config says gpu), and agrees with the NumPy answer and the dense difference."""
+    import cupy
+
+    from src_dask import _kernels as K
+
+    seen = []
+    contract = K.contract
+    monkeypatch.setattr(K, "contract",
+                        lambda eq, *xs: seen.append(type(xs[0]).__module__) or contract(eq, *xs))
+    a, x = STACKS["mpo.mpo.mps"](np.complex128)[1:]
+    y = src_dask.apply(a, x, 6, seed=2)  # truncated well below the product's rank
+    seen.clear()
+    on_gpu = src_dask.distance([cupy.asarray(c) for c in y], [cupy.asarray(c) for c in a],
+                               [cupy.asarray(c) for c in x])
+    assert seen and all(m.startswith("cupy") for m in seen)
+    seen.clear()
+    with dask.config.set({"src_dask.device": "gpu"}):
+        numpy_in_on_gpu = src_dask.distance(y, a, x)
+    assert seen and all(m.startswith("cupy") for m in seen)
+    seen.clear()
+    with dask.config.set({"src_dask.device": "cpu"}):
+        on_cpu = src_dask.distance(y, a, x)
+    assert seen and all(m.startswith("numpy") for m in seen)
+    assert numpy_in_on_gpu == pytest.approx(on_cpu, rel=1e-9)
+    exact = src_dask.TensorTrain([np.asarray(c) for c in y]).to_dense()
+    product = src_dask.apply(a, x, 10**6).to_dense()  # no truncation: the exact product
+    dense = np.linalg.norm(exact - product) / np.linalg.norm(product)
+    assert 1e-3 < dense < 1  # a real truncation error, not rounding
+    assert on_gpu == pytest.approx(on_cpu, rel=1e-9)
+    assert on_gpu == pytest.approx(dense, rel=1e-6)
+
+
 def test_cholesky_qr2_on_the_gpu_and_its_fallback():
     import cupy
 
@@ -167,7 +201,7 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
             out = step().get()
     finally:
         pool.set_limit(size=0)
-    assert any("out of memory on 2048" in r.getMessage() for r in caplog.records)
+    assert any("out of device memory on 2048" in r.getMessage() for r in caplog.records)
     assert np.abs(out - ref).max() <= 1e-12 * np.abs(ref).max()
 
 

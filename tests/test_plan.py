@@ -152,8 +152,8 @@ def test_chunks_and_z_blocks_fit_the_task_budget(depth, task_mib):
             continue
         rows = _plan.z_rows(stack, plan, j)
         left_rows = _plan.z_rows(stack, plan, j - 1) if j else 1
-        fixed, per = _plan.row_bytes(stack, j, rows, chunk, left_rows)
-        assert fixed + per * -(-rows // blocks) <= task  # the largest block's task fits
+        for fixed, per in _plan.row_bytes(stack, j, rows, chunk, left_rows).values():
+            assert fixed + per * -(-rows // blocks) <= task  # the largest block's tasks fit
 
 
 def test_a_bounded_site_sums_its_environment_block_by_block():
@@ -187,3 +187,102 @@ def test_a_problem_that_cannot_fit_is_refused_before_any_work(monkeypatch):
         src_dask.apply(a, x, 32, seed=0)
     assert not calls
     assert issubclass(PlanError, MemoryError)
+
+
+# -- a GPU's tasks get what the data dask-cuda keeps leave of the device ------------------
+GIB = 2**30
+
+
+def test_device_task_bytes_is_what_the_kept_data_leave():
+    headroom = 0.05 * 100 * GIB
+    # the data fit under the limit: the tasks share what the data leave
+    assert _plan.device_task_bytes(100 * GIB, 80 * GIB, 60 * GIB, 4) == \
+        int((100 * GIB - headroom - 60 * GIB) / 4)
+    # the data exceed the limit: dask-cuda keeps the limit's worth, the rest spills
+    assert _plan.device_task_bytes(100 * GIB, 70 * GIB, 300 * GIB, 1) == \
+        int(100 * GIB - headroom - 70 * GIB)
+    # nothing spills (no limit): data that crowd the device still leave the headroom
+    assert _plan.device_task_bytes(100 * GIB, None, 120 * GIB, 2) == int(headroom / 2)
+
+
+def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, workers=1):
+    from src_dask import _api
+
+    return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
+                            free=(device, threads), slots=workers, memory=device,
+                            device_memory=device, device_keep=keep, workers=workers)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("device_mib", [24, 48, 96])
+def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
+    """For several depths and device sizes (the data of these stacks are 1-31 MiB):
+    with the device limit at 0.7, the data kept on the device and the task fit the
+    device less its headroom, or the task keeps the memory-fraction share (when that
+    is smaller, or the data leave less than pass 2 needs) and never exceeds it."""
+    from src_dask import _estimate
+
+    stack = _deep(depth, n=12, bond=16)
+    device = device_mib * 2**20
+    keep = int(0.7 * device)
+    try:
+        plan = _gpu_plan(stack, 64, keep, device=device, threads=1)
+    except PlanError:
+        return  # refused before any work: not even the fraction share fits
+    share = _plan.task_bytes(device, 1)
+    data = max(_estimate.data_held(stack, plan, 1, False))
+    room = int(0.95 * device - min(data, keep))
+    assert plan.task_bytes == min(share, room) or (room < plan.task_bytes == share)
+    if (depth, device_mib) == (3, 48):  # the data crowd this one: sized to the device
+        assert plan.task_bytes == room < share
+
+
+def test_the_stack_of_record_on_one_h200_keeps_its_blocks_at_a_device_limit_of_0_7():
+    """D_M=2000/chi_out=1000 (lazy inputs; nothing drawn): its environments and a
+    projected core (~122 GiB) exceed any default limit, so the tasks get the device
+    less the kept data: at 0.7 the sketch keeps 8 blocks of 125 columns; at 0.8 the
+    blocks are smaller and more (the measured 137.4 s against 151.5 s)."""
+    stack = make_stack(tuple(problems.stack(50, 2000).values()))
+    device = 150_109_880_320  # an H200 as CuPy reports it
+    at_07, at_08 = (_gpu_plan(stack, 1000, int(f * device), device=device) for f in (0.7, 0.8))
+    assert at_07.task_bytes == int((0.95 * device - int(0.7 * device)) / 4)
+    assert (at_07.chunk, len(at_07.blocks)) == (125, 8)
+    assert at_08.chunk < at_07.chunk and at_08.task_bytes < at_07.task_bytes
+
+
+def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
+    stack = _deep(2, n=10, bond=8)
+    plan = _gpu_plan(stack, 32, int(0.7 * 140 * GIB))
+    assert plan.task_bytes == _plan.task_bytes(140 * GIB, 4)
+
+
+def test_data_that_leave_too_little_keep_the_fraction_share(caplog):
+    """A device whose kept data leave less than pass 2's environment sum needs: the
+    tasks keep the memory-fraction share (dask-cuda spills, OOM halving splits)
+    rather than refusing a run that fits that share; said at INFO."""
+    import logging
+
+    stack = _deep(3, n=12, bond=16)  # 31 MiB of data, pass 2 sums 8 MiB environments
+    device = 32 * 2**20
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
+    assert plan.task_bytes == _plan.task_bytes(device, 1)
+    assert any("leave" in r.getMessage() and "expect spilling" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_the_environment_sum_may_use_every_threads_share():
+    """Pass 2's environment sum runs alone on its worker (the next site's tasks need
+    it), so its running sum may use the share of all the worker's threads: 8 MiB of
+    it fit four threads of 4 MiB, but not one."""
+    stack = _deep(3, n=12, bond=16)
+    sketch = _plan.reachable_rank(stack)
+    fixed = max(_plan.row_bytes(stack, j, _plan.z_rows(stack, _plan_of(sketch=sketch), j),
+                                8)["update"][0] for j in range(stack.n))
+    assert 4 * 2**20 < fixed < 15 * 2**20
+    four = _plan_of(sketch=sketch, chunk=8, task_bytes=4 * 2**20, threads=4)
+    _plan.check_fits(stack, four)
+    assert _plan.kind_bytes(four, "update") == 16 * 2**20
+    assert _plan.kind_bytes(four, "project") == 4 * 2**20
+    with pytest.raises(PlanError, match="for the environment it sums"):
+        _plan.check_fits(stack, _plan_of(sketch=sketch, chunk=8, task_bytes=4 * 2**20))

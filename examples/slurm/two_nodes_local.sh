@@ -20,7 +20,7 @@
 #   GPUS                   the device of each "node" (default "0 1")
 #   SITES BOND CHI_OUT     the problem: MPO (bond 4) times MPS (bond BOND) on SITES
 #                          sites, compressed to CHI_OUT (default 30, 256, 256)
-#   DEVICE_MEMORY_LIMIT    spill to host past this (default 0.8 of the GPU)
+#   DEVICE_MEMORY_LIMIT    spill to host past this (default 0.7 of the GPU)
 #   RMM_POOL_SIZE          UCX: the pool each worker starts with (DEVICE_MEMORY_LIMIT)
 #   RMM_MAXIMUM_POOL_SIZE  UCX: what it may grow to (default 0.9)
 #   THREADS                threads per worker (default 4)
@@ -33,7 +33,7 @@ set -euo pipefail
 OUT=${1:?"usage: bash examples/slurm/two_nodes_local.sh OUTDIR"}
 GPUS=${GPUS:-0 1}
 SITES=${SITES:-30} BOND=${BOND:-256} CHI_OUT=${CHI_OUT:-256}
-DEVICE_MEMORY_LIMIT=${DEVICE_MEMORY_LIMIT:-0.8}
+DEVICE_MEMORY_LIMIT=${DEVICE_MEMORY_LIMIT:-0.7}
 RMM_POOL_SIZE=${RMM_POOL_SIZE:-$DEVICE_MEMORY_LIMIT}
 RMM_MAXIMUM_POOL_SIZE=${RMM_MAXIMUM_POOL_SIZE:-0.9}
 THREADS=${THREADS:-4}

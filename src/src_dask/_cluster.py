@@ -97,6 +97,13 @@ def gpu_count() -> int:
 #: for what RMM does not allocate (the CUDA context, cuBLAS/cuSOLVER handles, UCX's
 #: own buffers).
 POOL_MAXIMUM = 0.9
+#: Share of a GPU whose stored data a worker keeps before spilling to host memory, by
+#: default: the rest is for the tasks' temporaries (src_dask sizes its tasks to what the
+#: kept data leave, ``_plan.device_task_bytes``). Below dask-cuda's own 0.8 because
+#: tasks squeezed into a fifth of the device cut the sweep into more, smaller GEMMs:
+#: D_M=2000/chi_out=1000 on one H200 (2026-12-01, benchmarks/README.md) took 137.4 s
+#: at 0.7 (27.7 GB spilled), 151.5 s at 0.8 (12.6 GB) and 154.7 s at 0.5 (68.1 GB).
+DEVICE_MEMORY_LIMIT = 0.7
 #: The packages of the fast path between GPUs (both come with the ``gpu`` extra).
 _UCX_PACKAGES = "distributed-ucxx-cu13 and rmm-cu13"
 
@@ -121,7 +128,7 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
     of each worker's device; a limit in bytes starts a pool of that many bytes,
     which may then grow to the whole device (None: dask-cuda's default).
     """
-    limit = 0.8 if device_memory_limit == "default" else device_memory_limit
+    limit = DEVICE_MEMORY_LIMIT if device_memory_limit == "default" else device_memory_limit
     if limit in (None, 0, "0", "auto"):  # no spilling: the data may fill the device
         return POOL_MAXIMUM, POOL_MAXIMUM
     try:
@@ -266,7 +273,8 @@ def worker_facts(client: Any, device: str) -> dict[str, Any]:
 
     return {"count": len(facts), "threads": max(1, threads),
             "rss": max(f["rss"] for f in facts), "host_limit": smallest("host_limit"),
-            "keep": smallest("keep"), "device_limit": smallest("device_limit")}
+            "keep": smallest("keep"), "device_limit": smallest("device_limit"),
+            "device_memory": smallest("device_memory")}
 
 
 def _facts(device: str, dask_worker: Any = None) -> dict[str, Any]:
@@ -282,14 +290,26 @@ def _facts(device: str, dask_worker: Any = None) -> dict[str, Any]:
         spill = getattr(manager, "memory_spill_fraction", False)
         bounds = ([target * limit] if target else []) + ([spill * limit - rss] if spill else [])
         keep = max(0, int(min(bounds))) if bounds else None
-    device_limit = None
+    device_limit = memory = None
     if device == "gpu":
         data = getattr(dask_worker, "data", None)
-        device_limit = (getattr(data, "device_memory_limit", None)
-                        or getattr(getattr(data, "manager", None), "device_memory_limit", None)
-                        or _memory("gpu"))
+        memory = _memory("gpu")
+        device_limit = _device_limit(data) or memory
     return {"rss": rss, "host_limit": int(limit) if limit else None, "keep": keep,
-            "device_limit": int(device_limit) if device_limit else None}
+            "device_limit": int(device_limit) if device_limit else None,
+            "device_memory": memory}
+
+
+def _device_limit(data: Any) -> int | None:
+    """The device bytes a dask-cuda worker's data (``DeviceHostFile``: a zict
+    ``Buffer`` whose ``n`` is the device limit; ``ProxifyHostFile``: its manager's
+    limit) keeps before spilling to host memory; None where not told."""
+    buffer = getattr(data, "device_buffer", None)
+    for limit in (getattr(buffer, "n", None), getattr(data, "device_memory_limit", None),
+                  getattr(getattr(data, "manager", None), "device_memory_limit", None)):
+        if isinstance(limit, (int, float)) and limit > 0:
+            return int(limit)
+    return None
 
 
 def _free(device: str, client_pid: int | None = None, dask_worker: Any = None) -> int | None:
@@ -495,7 +515,8 @@ def _workers(kwargs: dict[str, Any]) -> int:
     return len(visible.split(",") if isinstance(visible, str) else list(visible))
 
 
-def cluster(gpus: int | list[int] | None = None, device_memory_limit: str | float = 0.8,
+def cluster(gpus: int | list[int] | None = None,
+            device_memory_limit: str | float = DEVICE_MEMORY_LIMIT,
             memory_limit: str | float = "auto", local_directory: str | None = None,
             protocol: str | None = None, host: str = LOOPBACK,
             dashboard_address: str | None = DEFAULT, security: Any = None, **kwargs: Any):
@@ -507,8 +528,10 @@ def cluster(gpus: int | list[int] | None = None, device_memory_limit: str | floa
         How many GPUs (an int) or which ones (a list of device ids); all
         visible GPUs by default.
     device_memory_limit
-        Device memory a worker fills before spilling to host memory (bytes,
-        a string such as ``"40GB"``, or a fraction of the device).
+        Device memory a worker fills with stored data before spilling to host
+        memory (bytes, a string such as ``"40GB"``, or a fraction of the device).
+        0.7 by default (dask-cuda's is 0.8): the rest is for the tasks, which
+        src_dask sizes to fit it; less room makes smaller, slower tasks.
     memory_limit
         Host memory per worker before spilling to ``local_directory``.
     local_directory

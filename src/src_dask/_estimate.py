@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from . import _kernels as K
-from ._plan import Plan, SweepPlan, z_rows
+from ._plan import Plan, SweepPlan, input_groups, z_rows
 from ._stack import Stack
 
 
@@ -30,6 +30,7 @@ class Workers:
     host_limit: int | None  # its memory limit (None: not limited)
     keep: int | None  # bytes of data Dask keeps in its memory before spilling
     device_limit: int | None = None  # a GPU worker's device memory limit
+    device_memory: int | None = None  # its GPU's memory
 
 
 @dataclass(frozen=True)
@@ -110,19 +111,14 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     plan = sweep.plan
     item = stack.dtype.itemsize
     inputs = sum(math.prod(s) * item for j in range(stack.n) for s in stack.shapes(j))
-    mine = min(1.0, math.ceil(len(plan.blocks) / max(1, workers.count)) * plan.chunk
-               / plan.sketch)  # the busiest worker's share of the sketch columns
-    env = [0] + [plan.sketch * math.prod(stack.left_bonds(j)) * item * mine
-                 for j in range(1, stack.n)]
+    mine = _share(plan, workers.count)
     ahead = _inputs_in_flight(stack, sweep)
     pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * _pass1_task(stack,
                                                                                  plan.chunk)
-    held = [(max(env) if store else sum(env), pass1 + ahead)]  # (data held, tasks) over time
     threads = 1 if sweep.pass2.together else workers.threads
-    for j in range(stack.n - 1, -1, -1):
-        envs = env[j] if store else sum(env[:j + 1])
-        held.append((envs + _z_bytes(stack, plan, j), threads * _pass2_task(stack, sweep, j)
-                     + ahead))
+    tasks_at = [pass1 + ahead] + [threads * _pass2_task(stack, sweep, j) + ahead
+                                  for j in range(stack.n - 1, -1, -1)]
+    held = list(zip(data_held(stack, plan, workers.count, store), tasks_at, strict=True))
     device_keep = workers.device_limit if plan.device == "gpu" else None
     peak_host = peak_device = spilled = 0
     for data, running in held:
@@ -139,11 +135,42 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         product=product, device=plan.device, workers=workers.count, threads=workers.threads,
         chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
         z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
-        env_bytes=int(sum(env) / mine), store_bytes=store_bytes,
+        env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit,
         where=where)
+
+
+def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float]:
+    """Bytes of data (results Dask stores) the busiest of ``workers`` holds over the
+    sweep: at the end of pass 1, then at each site of pass 2 from right to left —
+    the environments of its column blocks not yet used (with a store, one site's,
+    read back), the site's projected core ``Z``, and lazy inputs the plan keeps
+    for pass 2 (every GPU worker keeps its own copy)."""
+    env = _environments(stack, plan, _share(plan, workers))
+    kept = 0.0
+    if plan.keep_inputs:
+        lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not K.is_in_memory(c))
+        kept = lazy * input_groups(plan.device, workers) / max(1, workers)
+    held = [(max(env) if store else sum(env)) + kept]
+    for j in range(stack.n - 1, -1, -1):
+        envs = env[j] if store else sum(env[:j + 1])
+        held.append(envs + _z_bytes(stack, plan, j) + kept)
+    return held
+
+
+def _share(plan: Plan, workers: int) -> float:
+    """The busiest worker's share of the sketch columns (blocks are pinned round robin)."""
+    return min(1.0, math.ceil(len(plan.blocks) / max(1, workers)) * plan.chunk / plan.sketch)
+
+
+def _environments(stack: Stack, plan: Plan, share: float) -> list[float]:
+    """Bytes of each site's sketched environment ``C_j`` (none at site 0), ``share``
+    of its columns."""
+    item = stack.dtype.itemsize
+    return [0.0] + [plan.sketch * math.prod(stack.left_bonds(j)) * item * share
+                    for j in range(1, stack.n)]
 
 
 def _pass1_task(stack: Stack, chunk: int) -> int:

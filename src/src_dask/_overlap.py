@@ -3,9 +3,11 @@ site by site as a Dask graph (the dense product is never formed).
 
 ``‖y − P‖² = ⟨y|y⟩ − 2 Re⟨y|P⟩ + ⟨P|P⟩`` for ``P = T_1·…·T_k``: three chains of
 environments, one task per site each, in one graph on the client (or Dask's
-local scheduler). The environment of ``⟨P|P⟩`` carries every bond of the stack
-twice, so it is for products whose squared bonds fit a worker: the check of a
-result, not a production step.
+local scheduler), on the device a run of ``src`` on the same inputs would use (the
+GPU for CuPy inputs, or where every worker has one; config ``src_dask.device``). The
+environment of ``⟨P|P⟩`` carries every bond of the stack twice, so it is for
+products whose squared bonds fit a worker: the check of a result, not a
+production step.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
         if mine != theirs:
             raise ValueError(f"distance: site {j}: y's physical legs (up, down) {mine} are not "
                              f"the product's {theirs}")
-    chains = [_chain(a, b) for a, b in ((result, result), (result, product),
-                                        (product, product))]
+    from ._cluster import choose_device
+
+    device = choose_device(client, [c for s in (result, product) for f in s.factors
+                                    for c in f.train])
+    chains = [_chain(a, b, device) for a, b in ((result, result), (result, product),
+                                                (product, product))]
     yy, yp, pp = _compute(chains, client, progress)
     if pp == 0:
         raise ZeroDivisionError("distance: the product is zero")
@@ -86,8 +92,9 @@ def _compute(chains: list[Any], client: Any, progress: Any) -> list[complex]:
     return out
 
 
-def _chain(bra: Stack, ket: Stack) -> Any:
-    """``⟨bra|ket⟩`` as a Delayed: one task per site carrying the environment."""
+def _chain(bra: Stack, ket: Stack, device: str = "cpu") -> Any:
+    """``⟨bra|ket⟩`` as a Delayed: one task per site carrying the environment, on
+    ``device``."""
     n, token = bra.n, uuid.uuid4().hex
     env = None
     for j in range(n):
@@ -95,25 +102,29 @@ def _chain(bra: Stack, ket: Stack) -> Any:
         env = dask.delayed(_step, pure=True)(
             env, cores, kinds=[f.train.kind for f in (*bra.factors, *ket.factors)],
             transposes=[f.transpose for f in (*bra.factors, *ket.factors)],
-            k=len(bra.factors), site=j, n=n,
+            k=len(bra.factors), site=j, n=n, device=device,
             dask_key_name=(f"overlap_site{j}-{token}"))
     return dask.delayed(_scalar)(env, dask_key_name=f"overlap-{token}")
 
 
-def _scalar(env: np.ndarray) -> complex:
-    return complex(env.reshape(-1)[0])
+def _scalar(env: Any) -> complex:
+    return complex(to_host(env).reshape(-1)[0])
 
 
 def _step(env: Any, cores: list[Any], *, kinds: list[str], transposes: list[bool], k: int,
-          site: int, n: int) -> np.ndarray:
+          site: int, n: int, device: str = "cpu") -> Any:
     """The environment right of ``site``: ``E'[b'.., b..] = Σ E[a'.., a..] ·
-    conj(Π bra cores) · Π ket cores`` (each side a stack in ket order)."""
-    padded = [pad(np.asarray(to_host(_read(c))), kind, site, n, tr).astype(np.complex128)
-              for c, kind, tr in zip(cores, kinds, transposes, strict=True)]
+    conj(Π bra cores) · Π ket cores`` (each side a stack in ket order), in NumPy or
+    (``device="gpu"``) CuPy arrays."""
+    here = [K.on_device(_read(c), "gpu") if device == "gpu" else np.asarray(to_host(_read(c)))
+            for c in cores]
+    xp = K.xp_of(here[0])
+    padded = [pad(c, kind, site, n, tr).astype(xp.complex128)
+              for c, kind, tr in zip(here, kinds, transposes, strict=True)]
     bra, ket = [c.conj() for c in padded[:k]], padded[k:]
     m = len(ket)
     if env is None:
-        env = np.ones((1,) * (k + m))
+        env = xp.ones((1,) * (k + m), dtype=xp.complex128)
     eq = _equation(k, m)
     return K.contract(eq, env, *bra, *ket)
 

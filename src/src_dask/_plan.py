@@ -39,6 +39,9 @@ class Plan:
     keep_inputs: bool = False
     # memory one task may use (:func:`task_bytes`); None: not bounded
     task_bytes: int | None = None
+    # tasks a worker runs at once, which share its memory: a task that runs alone (pass
+    # 2's environment sum, which every other task of the sweep waits for) may use theirs
+    threads: int = 1
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -198,13 +201,29 @@ def keep_inputs(lazy_bytes: int, memory: int | None) -> bool:
 # Every task's working set is sized against ``task_bytes``: the memory the tasks that
 # run at once on the smallest worker may each use. Dask's workers spill stored data
 # (environments) from 70 % of their limit and restart at 95 %, so the tasks get a
-# share (config ``memory-fraction``) of what a worker has free before the run.
+# share (config ``memory-fraction``) of what a worker has free before the run. A GPU
+# is also bounded by what it keeps: dask-cuda spills stored data only beyond its
+# device limit, so the tasks get what the run's data leaves of the device
+# (:func:`device_task_bytes`).
 def task_bytes(free: int | None, threads: int) -> int | None:
     """The memory one task may use: ``memory-fraction`` of a worker's ``free``
     bytes, shared by the ``threads`` tasks it runs at once."""
     if free is None:
         return None
     return int(config.get("memory-fraction") * free / max(1, threads))
+
+
+def device_task_bytes(memory: int, keep: int | None, data: float, threads: int) -> int:
+    """The device memory one task may use on a GPU of ``memory`` bytes that keeps up
+    to ``keep`` bytes of stored data before spilling (dask-cuda's device limit; None:
+    nothing spills) while the run stores ``data`` bytes at most: what the kept data
+    leaves of the device, less ``device-headroom`` (the CUDA context, cuBLAS's
+    workspaces, the allocator's fragmentation), shared by ``threads`` tasks. At least
+    the headroom's worth: a run whose data crowd the device out still runs, its
+    tasks halved on out-of-memory errors and its data spilled."""
+    headroom = config.get("device-headroom") * memory
+    kept = data if keep is None else min(data, keep)
+    return int(max(memory - headroom - kept, headroom) / max(1, threads))
 
 
 def _shapes(stack: Stack, site: int) -> list[Any]:
@@ -239,13 +258,14 @@ def columns_that_fit(stack: Stack, task: int) -> int:
 
 
 def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
-              left_rows: int | None = None) -> tuple[int, int]:
-    """``(fixed, per row)``: the bytes the largest pass-2 task of ``site`` needs
-    besides, and for each of, the rows of ``Z`` it holds: projecting them (a row of
-    ``Z`` and of ``S``, the contraction's intermediates), sketching them against a
-    block of ``chunk`` columns of ``C_j``, adding their share to ``S_{j-1}`` (η,
-    ``left_rows × rows × U·D``, and the running sum, ``left_rows`` rows; ``rows`` and
-    ``left_rows`` bound the output's bonds right and left of the site)."""
+              left_rows: int | None = None) -> dict[str, tuple[int, int]]:
+    """``(fixed, per row)`` of each kind of pass-2 task at ``site``: the bytes it needs
+    besides, and for each of, the rows of ``Z`` it holds. ``project``: projecting them
+    (a row of ``Z`` and of ``S``, the contraction's intermediates); ``sketch``:
+    sketching them against a block of ``chunk`` columns of ``C_j``; ``update``:
+    adding their share to ``S_{j-1}`` (η, ``left_rows × rows × U·D``, and the running
+    sum, ``left_rows`` rows; ``rows`` and ``left_rows`` bound the output's bonds right
+    and left of the site)."""
     from . import _kernels as K
 
     q = rows if left_rows is None else left_rows
@@ -253,11 +273,18 @@ def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
     ud = stack.up(site) * stack.down(site)
     left = math.prod(stack.left_bonds(site))
     z_row = left * ud * item
-    project = K.project_row_bytes(_shapes(stack, site))
-    sketch = (chunk * left * item, z_row + chunk * ud * item)
-    update = (2 * q * left * item + q * rows * ud * item, z_row)
-    fixed = max(0, sketch[0], update[0])
-    return fixed, max(project, sketch[1], update[1])
+    return {"project": (0, K.project_row_bytes(_shapes(stack, site))),
+            "sketch": (chunk * left * item, z_row + chunk * ud * item),
+            "update": (2 * q * left * item + q * rows * ud * item, z_row)}
+
+
+def kind_bytes(plan: Plan, kind: str) -> int | None:
+    """The memory one pass-2 task of ``kind`` (see :func:`row_bytes`) may use: the
+    tasks' share of a worker, but for the environment sum, which runs alone (the
+    next site's tasks need its result), the share of all the worker's threads."""
+    if plan.task_bytes is None:
+        return None
+    return plan.task_bytes * (plan.threads if kind == "update" else 1)
 
 
 def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
@@ -272,19 +299,22 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
         return None
     rows = z_rows(stack, plan, site)
     left_rows = z_rows(stack, plan, site - 1) if site > 0 else 1
-    fixed, per = row_bytes(stack, site, rows, plan.chunk, left_rows)
-    fit = (plan.task_bytes - fixed) // per
-    if fit < 1:
+    kinds = row_bytes(stack, site, rows, plan.chunk, left_rows)
+    fits = {k: (kind_bytes(plan, k) - fixed) // per for k, (fixed, per) in kinds.items()}
+    worst = min(fits, key=fits.__getitem__)
+    if fits[worst] < 1:
         from .errors import PlanError
 
+        fixed, per = kinds[worst]
+        budget = kind_bytes(plan, worst)
         what = (f"one row of the projected core needs about {(fixed + per) / 2**20:.1f} MiB"
-                if fixed < plan.task_bytes else
+                if fixed < budget else
                 f"pass 2 needs about {fixed / 2**20:.1f} MiB for the environment it sums "
                 f"({left_rows} x {math.prod(stack.left_bonds(site))} numbers, twice), or "
                 f"for a block of C_j")
         raise PlanError(f"site {site}: {what} in a task, but a task may use "
-                        f"{plan.task_bytes / 2**20:.1f} MiB ({_remedy()})")
-    return int(fit)
+                        f"{budget / 2**20:.1f} MiB ({_remedy()})")
+    return int(fits[worst])
 
 
 def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
@@ -298,8 +328,8 @@ def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
     item = stack.dtype.itemsize
     left = math.prod(stack.left_bonds(site))
     z = rows * left * stack.up(site) * stack.down(site) * item
-    fixed, _ = row_bytes(stack, site, rows, plan.chunk, left_rows)
-    return z + fixed <= plan.task_bytes
+    fixed, _ = row_bytes(stack, site, rows, plan.chunk, left_rows)["update"]
+    return z + fixed <= kind_bytes(plan, "update")
 
 
 def check_fits(stack: Stack, plan: Plan) -> None:

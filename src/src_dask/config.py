@@ -10,6 +10,7 @@ key                        meaning
 ``keep-inputs-fraction``   ``auto`` keeps them up to this share of a worker's memory
 ``direct-reads``           whole stored arrays read from their chunk files
 ``memory-fraction``        share of a worker's free memory its tasks may use at once
+``device-headroom``        share of a GPU's memory no budget counts on
 ``memory-limit``           bytes that override a worker's free memory (or ``auto``)
 ``block-size``             largest environment block a default ``chunk`` aims for
 ``projection-block-size``  largest projected core made in one piece
