@@ -27,6 +27,7 @@ import dask
 
 import src_dask
 from src_dask import _api, _estimate, _graph, _plan, _runstore
+from src_dask._cluster import DEVICE_MEMORY_LIMIT
 from src_dask._stack import make_stack
 
 #: The GPU machines of docs/design.md §6 (H200: 139 GiB usable of 141 GB).
@@ -38,7 +39,8 @@ WORKER_RSS = 3 * 2**30  # a dask-cuda worker's own host memory (CUDA context, li
 
 
 def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int, host_memory: int,
-             device_fraction: float = 0.8, threads: int = 4) -> src_dask.RunPlan:
+             device_fraction: float = DEVICE_MEMORY_LIMIT, threads: int = 4
+             ) -> src_dask.RunPlan:
     """The plan of the D_M stack on ``gpus`` GPU workers of ``device_memory`` each, with
     dask-cuda's device limit at ``device_fraction`` (``src_dask.cluster``'s default),
     ``threads`` per worker (also its default) and the host's memory shared."""

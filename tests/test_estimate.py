@@ -173,3 +173,22 @@ def test_kept_lazy_inputs_count_as_data_on_every_gpu_worker():
         with_inputs = _estimate.data_held(stack, kept, workers, False)
         assert [b - a for a, b in zip(without, with_inputs, strict=True)] == \
             pytest.approx([nbytes * share] * len(without))
+
+
+@pytest.mark.timeout(60)
+def test_split_pass_2_holds_its_share_of_each_projected_core():
+    """Pass 2 split over several GPU workers: each holds its rows of ``Z`` (not all of
+    it, as the first worker does when pass 2 runs there)."""
+    from src_dask import _estimate, _plan
+    from src_dask._stack import make_stack
+
+    stack = make_stack((random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)))
+    plan = _plan.Plan(sketch=16, chunk=8, chi_out=16, cutoff=0.0, key=0, round=False,
+                      device="gpu")
+    split = _estimate.data_held(stack, plan, 2, False)
+    with dask.config.set({"src_dask.pass2-split": False}):
+        home = _estimate.data_held(stack, plan, 2, False)
+    z = [_estimate._z_bytes(stack, plan, j) for j in range(stack.n - 1, -1, -1)]
+    assert split[0] == home[0]  # the end of pass 1: no Z yet
+    assert [h - s for h, s in zip(home[1:], split[1:], strict=True)] == \
+        pytest.approx([b / 2 for b in z])

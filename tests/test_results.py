@@ -61,6 +61,21 @@ def test_distance_on_a_cluster_and_on_a_store(tmp_path):
     assert "100%" in local.getvalue()
 
 
+def test_distance_of_trains_in_memory_is_not_warned_about_as_a_large_graph():
+    """The cores travel inside the graph by design (three overlaps use each): Dask's
+    large-graph warning (10 MB) is not raised for them."""
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    x = random_mps(8, 256, seed=3)  # 12.6 MB of cores (pickled once each): over 10 MB
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
+            warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert src_dask.distance(x, x, client=client) < 1e-6
+
+
 def test_train_arithmetic_makes_new_trains():
     x = random_mps(6, [2, 5, 4, 6, 3], 3, seed=2)
     before = [c.copy() for c in x]

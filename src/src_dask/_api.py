@@ -263,6 +263,19 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
         run.release()
 
 
+def graph_of_inputs(*stacks: Stack, copies: int = 1) -> Any:
+    """Dask's large-graph warning raised above the in-memory inputs of ``stacks``,
+    which travel inside the graph by design (not scattered: a lost worker would lose
+    them for good), ``copies`` times each, so that a graph no larger than twice that
+    is not warned about."""
+    in_graph = sum(K.nbytes(c) for stack in stacks for f in stack.factors for c in f.train
+                   if is_in_memory(c))
+    threshold = max(dask.utils.parse_bytes(
+        dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
+        2 * copies * in_graph)
+    return dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold})
+
+
 def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
          performance_report: str | None, run: RunStore | None = None,
          resume: Progress | None = None) -> TensorTrain | None:
@@ -276,11 +289,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
-    in_graph = sum(K.nbytes(c) for f in stack.factors for c in f.train if is_in_memory(c))
-    threshold = max(dask.utils.parse_bytes(
-        dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
-        2 * in_graph)
-    with dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold}), \
+    with graph_of_inputs(stack), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host)
     if weights is not None:

@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from . import _kernels as K
-from ._plan import Plan, SweepPlan, input_groups, z_rows
+from . import config
+from ._plan import Pass2, Plan, SweepPlan, input_groups, z_rows
 from ._stack import Stack
 
 
@@ -146,17 +147,21 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     """Bytes of data (results Dask stores) the busiest of ``workers`` holds over the
     sweep: at the end of pass 1, then at each site of pass 2 from right to left —
     the environments of its column blocks not yet used (with a store, one site's,
-    read back), the site's projected core ``Z``, and lazy inputs the plan keeps
-    for pass 2 (every GPU worker keeps its own copy)."""
+    read back), the site's projected core ``Z`` (its share of the rows where pass 2
+    is split over the workers), and lazy inputs the plan keeps for pass 2 (every GPU
+    worker keeps its own copy)."""
     env = _environments(stack, plan, _share(plan, workers))
+    groups = input_groups(plan.device, workers)
+    split = Pass2.decide(plan.device, workers, groups, config.get("pass2-split")).split
+    z_share = 1 / workers if split else 1.0
     kept = 0.0
     if plan.keep_inputs:
         lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not K.is_in_memory(c))
-        kept = lazy * input_groups(plan.device, workers) / max(1, workers)
+        kept = lazy * groups / max(1, workers)
     held = [(max(env) if store else sum(env)) + kept]
     for j in range(stack.n - 1, -1, -1):
         envs = env[j] if store else sum(env[:j + 1])
-        held.append(envs + _z_bytes(stack, plan, j) + kept)
+        held.append(envs + _z_bytes(stack, plan, j) * z_share + kept)
     return held
 
 

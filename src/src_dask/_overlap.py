@@ -57,7 +57,10 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
                                     for c in f.train])
     chains = [_chain(a, b, device) for a, b in ((result, result), (result, product),
                                                 (product, product))]
-    yy, yp, pp = _compute(chains, client, progress)
+    from ._api import graph_of_inputs
+
+    with graph_of_inputs(result, product, copies=3):  # each core in three overlap steps
+        yy, yp, pp = _compute(chains, client, progress)
     if pp == 0:
         raise ZeroDivisionError("distance: the product is zero")
     err2 = max(0.0, yy.real - 2 * yp.real + pp.real)
