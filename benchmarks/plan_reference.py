@@ -46,17 +46,14 @@ def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int, host_memory: 
     ``threads`` per worker (also its default) and the host's memory shared."""
     trains = src_dask.problems.stack(50, dm).values()
     stack = make_stack(tuple(trains))
-    device_limit = int(device_fraction * device_memory)
-    p = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
-                         free=(device_memory, threads), slots=gpus, memory=device_memory,
-                         device_memory=device_memory, device_keep=device_limit, workers=gpus)
+    host = host_memory // gpus
+    facts = _plan.Workers(count=gpus, threads=threads, rss=WORKER_RSS, host_limit=host,
+                          keep=int(0.6 * host), device_limit=int(device_fraction * device_memory),
+                          device_memory=device_memory, memory=device_memory)
+    p = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts, slots=gpus)
     workers = [f"ucx://gpu{i}" for i in range(gpus)]
     sweep = _plan.SweepPlan.decide(stack, p, workers)
     graph = _graph.build(stack, p, workers)
-    host = host_memory // gpus
-    facts = _estimate.Workers(count=gpus, threads=threads, rss=WORKER_RSS, host_limit=host,
-                              keep=int(0.6 * host), device_limit=device_limit,
-                              device_memory=device_memory)
     return _estimate.estimate(stack, sweep, facts, store=False,
                               tasks=_graph.task_count(graph),
                               store_bytes=_runstore.planned_bytes(stack, p.sketch),

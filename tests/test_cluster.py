@@ -269,23 +269,33 @@ def test_two_nodes_script_runs_with_cpu_workers(tmp_path):
     assert not left, left
 
 
-def test_free_memory_of_workers_is_their_limit_less_what_they_hold(tmp_path):
-    """What a run's tasks are sized from: a worker process's limit less its RSS; a
+def test_tasks_are_sized_from_the_workers_limit_less_what_they_hold(tmp_path):
+    """What a run's tasks are sized from (one round trip to the workers): a worker
+    process's limit less its RSS, within its pause threshold, shared by its threads; a
     worker in the client's own process its limit (the process's RSS is the client's)."""
+    import dask
     from distributed import Client, LocalCluster
 
-    from src_dask._cluster import free_memory
+    from src_dask import _plan
+    from src_dask._cluster import worker_facts
 
     limit = 600 * 2**20
+    fraction = dask.config.get("src_dask.memory-fraction")
     with LocalCluster(n_workers=1, threads_per_worker=2, memory_limit=limit,
                       dashboard_address=None, local_directory=str(tmp_path)) as cluster, \
             Client(cluster, set_as_default=False) as client:
-        free, threads = free_memory(client, "cpu")
-        assert threads == 2 and 0 < free < limit
+        facts = worker_facts(client, "cpu")
+        assert facts.threads == 2 and facts.host_limit == limit == facts.memory
+        assert 0 < facts.rss < limit and not facts.in_client and facts.available is None
+        task = _plan.task_bytes(facts, "cpu")
+        assert task == int(min(fraction * (limit - facts.rss), facts.room) / 2)
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit, processes=False,
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
-        assert free_memory(client, "cpu") == (limit, 1)
+        facts = worker_facts(client, "cpu")
+        assert facts.in_client and _plan.task_bytes(facts, "cpu") == int(fraction * limit)
+    with dask.config.set({"src_dask.memory-limit": "64 MiB"}):  # overrides what is free
+        assert _plan.task_bytes(facts, "cpu") == int(fraction * 64 * 2**20)
 
 
 def test_device_limit_is_read_from_dask_cudas_worker_data():

@@ -205,12 +205,18 @@ def test_device_task_bytes_is_what_the_kept_data_leave():
     assert _plan.device_task_bytes(100 * GIB, None, 120 * GIB, 2) == int(headroom / 2)
 
 
+def _facts(device, threads):
+    return _plan.Workers(count=1, threads=threads, rss=0, host_limit=None, keep=None,
+                         device_memory=device)
+
+
 def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, workers=1):
     from src_dask import _api
 
-    return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
-                            free=(device, threads), slots=workers, memory=device,
-                            device_memory=device, device_keep=keep, workers=workers)
+    facts = _plan.Workers(count=workers, threads=threads, rss=0, host_limit=None, keep=None,
+                          device_limit=keep, device_memory=device, memory=device)
+    return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts,
+                            slots=workers)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -229,7 +235,7 @@ def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
         plan = _gpu_plan(stack, 64, keep, device=device, threads=1)
     except PlanError:
         return  # refused before any work: not even the fraction share fits
-    share = _plan.task_bytes(device, 1)
+    share = _plan.task_bytes(_facts(device, 1), "gpu")
     data = max(_estimate.data_held(stack, plan, 1, False))
     room = int(0.95 * device - min(data, keep))
     assert plan.task_bytes == min(share, room) or (room < plan.task_bytes == share)
@@ -253,7 +259,7 @@ def test_the_stack_of_record_on_one_h200_keeps_its_blocks_at_a_device_limit_of_0
 def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
     stack = _deep(2, n=10, bond=8)
     plan = _gpu_plan(stack, 32, int(0.7 * 140 * GIB))
-    assert plan.task_bytes == _plan.task_bytes(140 * GIB, 4)
+    assert plan.task_bytes == _plan.task_bytes(_facts(140 * GIB, 4), "gpu")
 
 
 def test_data_that_leave_too_little_keep_the_fraction_share(caplog):
@@ -266,7 +272,7 @@ def test_data_that_leave_too_little_keep_the_fraction_share(caplog):
     device = 32 * 2**20
     with caplog.at_level(logging.INFO, logger="src_dask"):
         plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
-    assert plan.task_bytes == _plan.task_bytes(device, 1)
+    assert plan.task_bytes == _plan.task_bytes(_facts(device, 1), "gpu")
     assert any("leave" in r.getMessage() and "expect spilling" in r.getMessage()
                for r in caplog.records)
 

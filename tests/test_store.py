@@ -311,12 +311,15 @@ def test_inputs_are_kept_when_they_take_a_quarter_of_memory_at_most(saved, count
     """By default (``src_dask.keep-inputs: auto``) lazy inputs are kept for pass 2 when
     they take at most a quarter of a worker's memory, else read in each pass (and when
     the memory cannot be told)."""
+    import dataclasses
+
     from src_dask import _api
 
     a, x, a2, x2 = saved
     lazy = sum(c.nbytes for t in (a2, x2) for c in t)
-    monkeypatch.setattr(_api, "worker_memory",
-                        lambda client, device: None if memory is None else memory * lazy)
+    facts = _api.worker_facts
+    monkeypatch.setattr(_api, "worker_facts", lambda client, device: dataclasses.replace(
+        facts(client, device), memory=None if memory is None else memory * lazy))
     y = src_dask.apply(a2, x2, 10, seed=0)
     _close(y, src_dask.apply(a, x, 10, seed=0))
     assert counts["read"] == (2 * 8 if kept else 2 * (2 * 8 - 1))
@@ -335,11 +338,11 @@ def test_worker_memory_is_the_machine_or_the_worker_limit(cluster_client):
     each worker's limit on a cluster (the smallest)."""
     import psutil
 
-    from src_dask._cluster import worker_memory
+    from src_dask._cluster import worker_facts
 
-    assert worker_memory(None, "cpu") == psutil.virtual_memory().total
+    assert worker_facts(None, "cpu").memory == psutil.virtual_memory().total
     limits = [w["memory_limit"] for w in cluster_client.scheduler_info()["workers"].values()]
-    assert worker_memory(cluster_client, "cpu") == min(limits)
+    assert worker_facts(cluster_client, "cpu").memory == min(limits)
 
 
 def test_kept_inputs_are_read_once(saved, counts):

@@ -20,7 +20,7 @@ import dask.utils
 
 from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore
 from . import _kernels as K
-from ._cluster import choose_device, free_memory, worker_facts, worker_memory
+from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
@@ -170,7 +170,7 @@ def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, store: bool,
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     sweep = _plan.SweepPlan.decide(stack, plan, workers)
     return _estimate.estimate(
-        stack, sweep, _estimate.Workers(**worker_facts(client, plan.device)), store=store,
+        stack, sweep, worker_facts(client, plan.device), store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
         product=_estimate.describe_product(stack),
         where="Dask's local scheduler" if client is None else f"at {client.scheduler.address}")
@@ -181,47 +181,38 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     """The run's plan, but for the seed's key (set once the seed is known)."""
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
-    lazy = sum(K.nbytes(c) for c in inputs if not is_in_memory(c))
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
-    facts = worker_facts(client, device) if device == "gpu" else {}
     return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device,
-                       free=free_memory(client, device), slots=_plan.slots(client, device),
-                       memory=worker_memory(client, device) if lazy else None,
-                       to_host=to_host, device_memory=facts.get("device_memory"),
-                       device_keep=facts.get("device_limit"), workers=facts.get("count", 1),
-                       store=store)
+                       workers=worker_facts(client, device),
+                       slots=_plan.slots(client, device), to_host=to_host, store=store)
 
 
 def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
-                device: str, free: tuple[int | None, int], slots: int, memory: int | None,
-                to_host: bool = True, device_memory: int | None = None,
-                device_keep: int | None = None, workers: int = 1,
+                device: str, workers: _plan.Workers, slots: int, to_host: bool = True,
                 store: bool = False) -> _plan.Plan:
-    """The plan for workers described by numbers (``free``: what the smallest has free
-    and its threads; ``slots``: blocks that run at once; ``memory``: its memory, for
-    keeping lazy inputs; on a GPU run ``device_memory``, the bytes of stored data
-    ``device_keep`` before spilling and the count of ``workers``, so that the tasks
-    get what the run's data leave of the device): what :func:`plan` asks the
-    workers for, and what a plan for a machine one does not have
-    (``benchmarks/plan_reference.py``) gives by hand."""
+    """The plan for ``workers`` (what the smallest has: :func:`_cluster.worker_facts`,
+    or described by hand, as ``benchmarks/plan_reference.py`` does for a machine one
+    does not have); ``slots``: blocks of sketch columns that run at once. On a GPU
+    the tasks get what the run's data leave of the device (``_plan.device_task_bytes``)."""
     sketch = _plan.sketch_width(stack, chi_out, extra)
     lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not is_in_memory(c))
-    keep = _plan.keep_inputs(lazy, memory)
+    keep = _plan.keep_inputs(lazy, workers.memory)
 
     def sized(task: int | None) -> _plan.Plan:
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
         return _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
-                          threads=max(1, free[1]))
+                          threads=workers.threads)
 
-    plan = sized(_plan.task_bytes(*free))
-    if device == "gpu" and device_memory and plan.task_bytes is not None:
+    plan = sized(_plan.task_bytes(workers, device))
+    if device == "gpu" and workers.device_memory and plan.task_bytes is not None:
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
-        data = max(_estimate.data_held(stack, plan, workers, store))
-        task = _plan.device_task_bytes(device_memory, device_keep, data, free[1])
+        data = max(_estimate.data_held(stack, plan, workers.count, store))
+        task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
+                                       workers.threads)
         if task < plan.task_bytes:
             try:
                 smaller = sized(task)
@@ -230,7 +221,7 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
             except MemoryError:  # the data leave too little: the tasks keep their share
                 log.info("src: the data kept on the device (%.3g GB) leave %.3g GB a task, "
                          "less than pass 2 needs; tasks sized to %.3g GB (expect spilling)",
-                         min(data, device_keep or data) / 1e9, task / 1e9,
+                         min(data, workers.device_limit or data) / 1e9, task / 1e9,
                          plan.task_bytes / 1e9)
     _plan.check_fits(stack, plan)  # refused before a store or a graph is made
     return plan

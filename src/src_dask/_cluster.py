@@ -50,10 +50,13 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.utils
+
+if TYPE_CHECKING:
+    from ._plan import Workers
 
 log = logging.getLogger("src_dask")
 
@@ -222,47 +225,18 @@ def choose_device(client: Any, cores: list[Any]) -> str:
     return "gpu" if everywhere else "cpu"
 
 
-def worker_memory(client: Any, device: str) -> int | None:
-    """Bytes of memory the smallest worker of a run has for its arrays: the GPU's
-    (``device="gpu"``), else the worker's memory limit (the machine's memory
-    without a client or without a limit); None where that cannot be told."""
-    sizes = [_memory(device)] if client is None else list(client.run(_memory, device).values())
-    return min(sizes) if sizes and None not in sizes else None
+def worker_facts(client: Any, device: str) -> Workers:
+    """What the smallest (or busiest) worker of a run holds and may hold now
+    (:class:`~src_dask._plan.Workers`), from which the plan sizes every task and the
+    estimate works out the peaks: asked of every worker in one round trip; without a
+    client, of this process (whose threads are the machine's CPUs, or one GPU)."""
+    from ._plan import Workers
 
-
-def free_memory(client: Any, device: str) -> tuple[int | None, int]:
-    """``(bytes, threads)``: the memory the tasks of the smallest worker may use
-    together, and how many tasks it runs at once. A CPU worker's memory limit less
-    what its process already holds (the interpreter and libraries count against the
-    limit too); a GPU's memory; without a client, the memory available to this
-    process and its threads (config ``src_dask.memory-limit`` overrides the bytes).
-    None where the memory cannot be told."""
-    from . import config
-
-    given = config.get("memory-limit")
-    if client is None:
-        size = _free(device)
-        threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
-    else:
-        frees = list(client.run(_free, device, os.getpid()).values())
-        size = min(frees) if frees and None not in frees else None
-        threads = max(client.nthreads().values(), default=1)
-    if given not in (None, "auto"):
-        size = int(dask.utils.parse_bytes(given)) if isinstance(given, str) else int(given)
-    return size, max(1, threads)
-
-
-def worker_facts(client: Any, device: str) -> dict[str, Any]:
-    """What the smallest worker holds and may hold now, for a run's memory estimate
-    (``_estimate.Workers``): ``count``, ``threads``, ``rss`` (the most any worker's
-    process holds), ``host_limit``, ``keep`` (the bytes of data Dask keeps in its
-    memory before spilling to disk) and ``device_limit`` (dask-cuda's, else the
-    GPU's memory); None where not limited."""
     if client is None:
         facts = [_facts(device)]
         threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
     else:
-        facts = list(client.run(_facts, device).values())
+        facts = list(client.run(_facts, device, os.getpid()).values())
         threads = max(client.nthreads().values(), default=1)
     if not facts:
         raise RuntimeError("the cluster has no workers")
@@ -271,33 +245,44 @@ def worker_facts(client: Any, device: str) -> dict[str, Any]:
         values = [f[key] for f in facts]
         return None if None in values else min(values)
 
-    return {"count": len(facts), "threads": max(1, threads),
-            "rss": max(f["rss"] for f in facts), "host_limit": smallest("host_limit"),
-            "keep": smallest("keep"), "device_limit": smallest("device_limit"),
-            "device_memory": smallest("device_memory")}
+    return Workers(count=len(facts), threads=max(1, threads),
+                   rss=max(f["rss"] for f in facts), host_limit=smallest("host_limit"),
+                   keep=smallest("keep"), device_limit=smallest("device_limit"),
+                   device_memory=smallest("device_memory"), room=smallest("room"),
+                   available=smallest("available"), memory=smallest("memory"),
+                   in_client=all(f["in_client"] for f in facts))
 
 
-def _facts(device: str, dask_worker: Any = None) -> dict[str, Any]:
+def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
+           ) -> dict[str, Any]:
+    """One worker's (or, without ``dask_worker``, this process's) facts for
+    :func:`worker_facts`; numbers that cannot be told are None."""
     import psutil
 
     rss = psutil.Process().memory_info().rss
     manager = getattr(dask_worker, "memory_manager", None)
-    limit = getattr(manager, "memory_limit", None) or None
-    keep = None
+    limit = int(getattr(manager, "memory_limit", None) or 0) or None
+    keep = room = available = None
     if limit:  # data beyond the target is spilled, and beyond the spill threshold of
         # the process's memory (what it holds besides counts too)
         target = getattr(manager, "memory_target_fraction", False)
         spill = getattr(manager, "memory_spill_fraction", False)
         bounds = ([target * limit] if target else []) + ([spill * limit - rss] if spill else [])
         keep = max(0, int(min(bounds))) if bounds else None
-    device_limit = memory = None
+        room = _below_pause(manager, limit, rss)
+    else:
+        available = int(psutil.virtual_memory().available)
+    device_limit = device_memory = None
     if device == "gpu":
-        data = getattr(dask_worker, "data", None)
-        memory = _memory("gpu")
-        device_limit = _device_limit(data) or memory
-    return {"rss": rss, "host_limit": int(limit) if limit else None, "keep": keep,
+        device_memory = _memory("gpu")
+        device_limit = _device_limit(getattr(dask_worker, "data", None)) or device_memory
+    return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,
+            "available": available,
+            # a worker in the client's process: its memory is the client's too
+            "in_client": dask_worker is not None and os.getpid() == client_pid,
+            "memory": device_memory if device == "gpu" else _memory("cpu", dask_worker),
             "device_limit": int(device_limit) if device_limit else None,
-            "device_memory": memory}
+            "device_memory": device_memory}
 
 
 def _device_limit(data: Any) -> int | None:
@@ -312,38 +297,17 @@ def _device_limit(data: Any) -> int | None:
     return None
 
 
-def _free(device: str, client_pid: int | None = None, dask_worker: Any = None) -> int | None:
-    try:
-        if device == "gpu":
-            return _memory(device)
-        import psutil
-
-        manager = getattr(dask_worker, "memory_manager", None)
-        limit = getattr(manager, "memory_limit", None)
-        if limit and os.getpid() == client_pid:  # a worker in the client's process: its
-            return int(limit)  # memory is the client's too, so the limit is what it has
-        if limit:
-            rss = psutil.Process().memory_info().rss
-            return max(0, min(int(limit) - rss, _below_pause(manager, int(limit), rss)))
-        return int(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001 - no device or no psutil: unknown
-        return None
-
-
 def _below_pause(manager: Any, limit: int, rss: int) -> int:
-    """Free memory such that the tasks' share of it (config ``memory-fraction``) stays
-    below the worker's pause threshold: Dask spills stored data until its process
-    is back at the target fraction of the limit, so the tasks run on top of that
-    (or of what the process holds, if more). A worker past the threshold pauses,
-    and one whose tasks keep crossing it pauses and resumes ten times a second."""
-    from . import config
-
+    """What the tasks running at once may use and stay below the worker's pause
+    threshold: Dask spills stored data until its process is back at the target
+    fraction of the limit, so the tasks run on top of that (or of what the process
+    holds, if more). A worker past the threshold pauses, and one whose tasks keep
+    crossing it pauses and resumes ten times a second."""
     pause = getattr(manager, "memory_pause_fraction", False) or 0.95
     target = getattr(manager, "memory_target_fraction", False)
     spill = getattr(manager, "memory_spill_fraction", False)
     settles = min([f for f in (target, spill) if f] or [0.0]) * limit
-    tasks = max(0.0, pause * limit - max(rss, settles))
-    return int(tasks / config.get("memory-fraction"))
+    return int(max(0.0, pause * limit - max(rss, settles)))
 
 
 def _memory(device: str, dask_worker: Any = None) -> int | None:

@@ -17,21 +17,8 @@ from dataclasses import dataclass
 
 from . import _kernels as K
 from . import config
-from ._plan import Pass2, Plan, SweepPlan, input_groups, z_rows
+from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, z_rows
 from ._stack import Stack
-
-
-@dataclass(frozen=True)
-class Workers:
-    """What the smallest (or busiest) worker of a run has now."""
-
-    count: int  # workers (1: Dask's local scheduler in this process)
-    threads: int  # tasks one worker runs at once
-    rss: int  # resident bytes its process holds already (the interpreter, libraries)
-    host_limit: int | None  # its memory limit (None: not limited)
-    keep: int | None  # bytes of data Dask keeps in its memory before spilling
-    device_limit: int | None = None  # a GPU worker's device memory limit
-    device_memory: int | None = None  # its GPU's memory
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask.utils
+
 from . import config
 from ._stack import Stack
 
@@ -198,19 +200,55 @@ def keep_inputs(lazy_bytes: int, memory: int | None) -> bool:
 
 
 # -- memory ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workers:
+    """What the smallest (or busiest) worker of a run has now
+    (:func:`src_dask._cluster.worker_facts`): every budget below follows from it."""
+
+    count: int  # workers (1: Dask's local scheduler in this process)
+    threads: int  # tasks one worker runs at once
+    rss: int  # resident bytes its process holds already (the interpreter, libraries)
+    host_limit: int | None  # its memory limit (None: not limited)
+    keep: int | None  # bytes of data Dask keeps in its memory before spilling
+    device_limit: int | None = None  # a GPU worker's device memory limit (dask-cuda's)
+    device_memory: int | None = None  # its GPU's memory
+    room: int | None = None  # what its tasks may use at once below its pause threshold
+    available: int | None = None  # memory the machine has available (no limit)
+    memory: int | None = None  # its memory for arrays: the GPU's, else its limit or total
+    in_client: bool = False  # it runs in the client's process (its limit is all it has)
+
+
 # Every task's working set is sized against ``task_bytes``: the memory the tasks that
 # run at once on the smallest worker may each use. Dask's workers spill stored data
 # (environments) from 70 % of their limit and restart at 95 %, so the tasks get a
 # share (config ``memory-fraction``) of what a worker has free before the run. A GPU
 # is also bounded by what it keeps: dask-cuda spills stored data only beyond its
-# device limit, so the tasks get what the run's data leaves of the device
+# device limit, so the tasks get what the run's data leave of the device
 # (:func:`device_task_bytes`).
-def task_bytes(free: int | None, threads: int) -> int | None:
-    """The memory one task may use: ``memory-fraction`` of a worker's ``free``
-    bytes, shared by the ``threads`` tasks it runs at once."""
+def task_bytes(workers: Workers, device: str) -> int | None:
+    """The memory one task may use (None: not known, so not bounded):
+    ``memory-fraction`` of what the smallest worker has free — on a GPU its memory;
+    else its memory limit less what its process holds (the interpreter and libraries
+    count against the limit; a worker in the client's process has its limit), or
+    without a limit the memory available; config ``memory-limit`` overrides it — and
+    no more than fits below its pause threshold, shared by its ``threads``."""
+    given = config.get("memory-limit")
+    room = None
+    if given not in (None, "auto"):
+        free = int(dask.utils.parse_bytes(given)) if isinstance(given, str) else int(given)
+    elif device == "gpu":
+        free = workers.device_memory
+    elif workers.host_limit:
+        free = workers.host_limit if workers.in_client else workers.host_limit - workers.rss
+        room = None if workers.in_client else workers.room
+    else:
+        free = workers.available
     if free is None:
         return None
-    return int(config.get("memory-fraction") * free / max(1, threads))
+    share = config.get("memory-fraction") * max(0, free)
+    if room is not None:
+        share = min(share, room)
+    return int(share / max(1, workers.threads))
 
 
 def device_task_bytes(memory: int, keep: int | None, data: float, threads: int) -> int:
