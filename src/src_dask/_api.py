@@ -216,8 +216,8 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         if task < plan.task_bytes:
             try:
                 smaller = sized(task)
-                _plan.check_fits(stack, smaller)
-                plan = smaller
+                _plan.check_fits(stack, smaller)  # refused before a store or a graph is made
+                return smaller
             except MemoryError:  # the data leave too little: the tasks keep their share
                 log.info("src: the data kept on the device (%.3g GB) leave %.3g GB a task, "
                          "less than pass 2 needs; tasks sized to %.3g GB (expect spilling)",

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 from . import _kernels as K
-from . import config
 from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, z_rows
 from ._stack import Stack
 
@@ -138,13 +137,11 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     is split over the workers), and lazy inputs the plan keeps for pass 2 (every GPU
     worker keeps its own copy)."""
     env = _environments(stack, plan, _share(plan, workers))
-    groups = input_groups(plan.device, workers)
-    split = Pass2.decide(plan.device, workers, groups, config.get("pass2-split")).split
-    z_share = 1 / workers if split else 1.0
+    z_share = 1 / workers if Pass2.of_run(plan.device, workers).split else 1.0
     kept = 0.0
     if plan.keep_inputs:
         lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not K.is_in_memory(c))
-        kept = lazy * groups / max(1, workers)
+        kept = lazy * input_groups(plan.device, workers) / max(1, workers)
     held = [(max(env) if store else sum(env)) + kept]
     for j in range(stack.n - 1, -1, -1):
         envs = env[j] if store else sum(env[:j + 1])

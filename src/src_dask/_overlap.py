@@ -119,7 +119,7 @@ def _step(env: Any, cores: list[Any], *, kinds: list[str], transposes: list[bool
     """The environment right of ``site``: ``E'[b'.., b..] = Σ E[a'.., a..] ·
     conj(Π bra cores) · Π ket cores`` (each side a stack in ket order), in NumPy or
     (``device="gpu"``) CuPy arrays."""
-    here = [K.on_device(_read(c), "gpu") if device == "gpu" else np.asarray(to_host(_read(c)))
+    here = [K.on_device(_read(c), "gpu") if device == "gpu" else to_host(_read(c))
             for c in cores]
     xp = K.xp_of(here[0])
     padded = [pad(c, kind, site, n, tr).astype(xp.complex128)

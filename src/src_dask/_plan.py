@@ -100,6 +100,13 @@ class Pass2:
         return cls(home=groups > 1, together=gpu or workers == 1,
                    spread=not gpu and workers > 1, pieces_at_env=not gpu)
 
+    @classmethod
+    def of_run(cls, device: str, workers: int) -> Pass2:
+        """Where pass 2 runs for a run on ``device`` with ``workers`` workers, as the
+        config (``pass2-split``) and the inputs' groups (:func:`input_groups`) say."""
+        split = config.get_choice("pass2-split", ("auto", True, False))
+        return cls.decide(device, workers, input_groups(device, workers), split)
+
     def step(self, z_here: int, z_left: int, fits: bool = True,
              bounded: bool = False) -> SiteStep:
         """The step at a site whose ``Z`` has ``z_here`` row blocks, the next site's
@@ -131,8 +138,7 @@ class SweepPlan:
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
         workers = tuple(workers or ())
         groups = input_groups(plan.device, len(workers))
-        split = config.get_choice("pass2-split", ("auto", True, False))
-        pass2 = Pass2.decide(plan.device, len(workers), groups, split)
+        pass2 = Pass2.of_run(plan.device, len(workers))
         blocks = [z_blocks(stack, plan, j) for j in range(stack.n)]
         if pass2.split:  # at least one row block of Z per worker
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
