@@ -81,7 +81,10 @@ def _fraction(limit: str) -> float | None:
 @contextlib.contextmanager
 def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory: Path):
     """``n_workers`` ``dask cuda worker`` processes sharing the first GPU, each with
-    its share of the device and host memory limits; yields a client."""
+    its share of the device and host memory limits (and, with ``--rmm pool``, of an
+    RMM pool), talking over ``--protocol``; yields a client. On one GPU this stands
+    in for several: the same graph, the same transfers (CUDA IPC within the device
+    under UCX), the kernels of all workers on one device."""
     from distributed import Client, LocalCluster
 
     device_limit = args.device_memory_limit
@@ -94,13 +97,20 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible,  # the workers import these modules
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "dask", "cuda", "worker", "--device-memory-limit",
-               device_limit, "--memory-limit", memory_limit]
+               device_limit, "--memory-limit", memory_limit,
+               "--nthreads", str(args.threads_per_worker or 4)]  # as src_dask.cluster
     with contextlib.suppress(ImportError):
-        import rmm  # noqa: F401 - as src_dask.cluster: RMM's async allocator when installed
+        import rmm  # noqa: F401 - as src_dask.cluster: RMM (async, or a pool under UCX)
 
-        command.append("--rmm-async")
+        command += ["--set-rmm-allocator-for-libs", "cupy"]
+        if args.rmm == "pool":  # each worker's pool a share of the one device
+            f = _fraction(args.device_memory_limit) or 0.7
+            command += ["--no-rmm-async", "--rmm-pool-size", str(f / n_workers),
+                        "--rmm-maximum-pool-size", str(0.9 / n_workers)]
+        else:
+            command.append("--rmm-async")
     procs = []
-    with LocalCluster(n_workers=0, dashboard_address=":0") as scheduler:
+    with LocalCluster(n_workers=0, dashboard_address=":0", protocol=args.protocol) as scheduler:
         try:
             for i in range(n_workers):
                 procs.append(subprocess.Popen(

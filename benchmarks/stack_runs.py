@@ -106,7 +106,8 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
                                      setup=setup, warmup=args.full_warmup)
         spilled = clusters.spilled_between(before, clusters.spill_counters(client))
         transfers, detail = watch.collect(stream.data)
-        write_detail(getattr(args, "transfer_detail", None), f"w{n_workers}_{mode}", detail)
+        write_detail(getattr(args, "transfer_detail", None), f"w{n_workers}_{mode}", detail,
+                     stream.data)
         # where the time went (summed over the timed calls; one by default)
         profile = task_profile(stream.data, busy=memory.busy_between)
         # a stored result's cores are read from the store, which goes next

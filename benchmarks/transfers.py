@@ -532,12 +532,22 @@ def print_transfers(key: str, tr: dict[str, Any]) -> None:
                 align="l" + "r" * 12 + "l")
 
 
-def write_detail(directory: Path | None, key: str, detail: list[dict[str, Any]]) -> None:
-    """Every transfer of a run to ``directory/transfers_<run>.json`` (with
-    ``--transfer-detail``)."""
+def write_detail(directory: Path | None, key: str, detail: list[dict[str, Any]],
+                 stream: list[dict[str, Any]] | None = None) -> None:
+    """Every transfer of a run to ``directory/transfers_<run>.json``, and every task
+    (its key, worker and the start and stop of each of its actions, seconds from
+    the first) to ``directory/tasks_<run>.json`` (with ``--transfer-detail``): the
+    timeline from which a site's critical path is read."""
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"transfers_{key}.json"
     path.write_text(json.dumps(detail, indent=0, default=str))
     print(f"{key}: {len(detail)} transfers written to {path}")
+    if stream:
+        t0 = min(s["start"] for t in stream for s in t.get("startstops", ()))
+        rows = [{"key": str(t["key"]), "worker": t.get("worker"),
+                 "actions": [[s["action"], round(s["start"] - t0, 6), round(s["stop"] - t0, 6)]
+                             for s in t.get("startstops", ())]}
+                for t in stream]
+        (directory / f"tasks_{key}.json").write_text(json.dumps(rows, indent=0))

@@ -326,6 +326,9 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
         for c in (0, 1):
             loads = deps((f"pass1_site{j}-{token}", c), "load_site")
             assert loads and {where[k] for k in loads} == {["w0", "w1"][c]}
+            for load in loads:  # read where it is prepared: no raw core crosses workers
+                reads = deps(load, "src_read")
+                assert len(reads) == 1 and where[reads.pop()] == where[load]
     for j in range(1, 6):
         steps = [k for k in dsk if key_split(k) == f"pass2_site{j}"
                  and k[1] in ("project", "sketch", "qr", "update", "fetch")]

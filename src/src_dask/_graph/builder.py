@@ -54,7 +54,7 @@ class GraphBuilder:
             self.placement[key] = self.workers[block % len(self.workers)]
         return key
 
-    def array(self, x: Any, after: Any = None) -> Any:
+    def array(self, x: Any, after: Any = None, group: int | None = None) -> Any:
         """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
         travels inside the task that uses it: no task of its own for the scheduler to
         run) or, where several workers prepare their own copy, as one data key they
@@ -64,13 +64,16 @@ class GraphBuilder:
         cores anew instead of keeping them in memory from pass 1 to pass 2.
         ``after`` (a key) holds the read back until that task has run: reads have
         no inputs, so idle threads would otherwise read every core at the start.
+        ``group``: the worker whose task uses the read, which then reads it itself
+        (left free, a read ran where ``after`` had, and the core crossed to the
+        other worker through host memory: a quarter of a second for 256 MB).
         """
         if tasks.is_stored(x):
             key = keys.read()
             pinned = self.sweep.plan.device == "gpu"
             self.tasks[key] = (partial(tasks.read_whole, pinned=pinned), _arraylike.source(x),
                                after)
-            return key
+            return key if group is None else self.pin(key, group)
         x = tasks.lazy(x)
         if K.is_in_memory(x):
             if self.sweep.groups == 1:
@@ -150,8 +153,9 @@ class Inputs:
                 # a verified source checks its data as it is read
                 check = (lazy and not isinstance(f.train.source(j), VerifiedArray)
                          and (sweep == 1 or j == n - 1 or self.pass1_done))
+                pin = group if g.sweep.groups > 1 else None
                 self._loaded[slot] = g.add(
-                    key, tasks.prepare, g.array(f.train.source(j), after), after,
+                    key, tasks.prepare, g.array(f.train.source(j), after, pin), after,
                     kind=f.train.kind, site=j, n=n, transpose=f.transpose, dtype=stack.dtype,
                     check=check, name=f.train.name, device=plan.device)
                 if g.sweep.groups > 1:
