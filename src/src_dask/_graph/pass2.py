@@ -210,34 +210,42 @@ class _Pass2:
             out[w] = keys
         return out
 
-    def split_qr(self, j: int, zs: list[Any]) -> Any:
-        """The sketch of each row block where it is, then one QR on the first worker."""
+    def split_qr(self, j: int, zs: list[Any]) -> dict[int, Any]:
+        """The sketch of each row block where it is, then the QR on every worker that
+        owns rows: ``{worker: its QR task}``. Each gathers the others' (small) pieces
+        and makes the same ``η_j`` from the same pieces with the same kernels, so the
+        updates that follow wait for no copy of ``η_j``: one hop a site fewer on the
+        critical path than one QR whose result goes to every worker."""
         g, stack, m = self.g, self.stack, len(zs)
         envs = self.split_envs(j)
         sketches = [g.pin(g.add((g.name("pass2", j), "sketch", b), tasks.sketch_rows,
                                 envs[self.owner(b, m)], z, blocks=self.plan.blocks, site=j,
                                 run=g.token, store=self.store), self.owner(b, m))
                     for b, z in enumerate(zs)]
-        return g.pin(g.add((g.name("pass2", j), "qr"), tasks.split_qr, sketches,
-                           up=stack.up(j), down=stack.down(j), cutoff=self.plan.cutoff,
-                           max_rank=stack.max_rank(j), site=j), 0)
+        states = {}
+        for w in sorted({self.owner(b, m) for b in range(m)}):
+            key = (g.name("pass2", j), "qr") + ((w,) if w else ())
+            states[w] = g.pin(g.add(key, tasks.split_qr, sketches, up=stack.up(j),
+                                    down=stack.down(j), cutoff=self.plan.cutoff,
+                                    max_rank=stack.max_rank(j), site=j), w)
+        return states
 
-    def split_update(self, j: int, state: Any, zs: list[Any]) -> _Parts:
-        """Each worker's share of ``S_{j-1}`` from its rows of ``Z_j``, cut by the rows
-        each worker projects at site ``j-1``."""
+    def split_update(self, j: int, states: dict[int, Any], zs: list[Any]) -> _Parts:
+        """Each worker's share of ``S_{j-1}`` from its rows of ``Z_j`` and its own QR's
+        ``η_j`` (``states``), cut by the rows each worker projects at site ``j-1``."""
         g, m, left = self.g, len(zs), self.sweep.z_blocks[j - 1]
         mine = _ranges(m, self.owner)
         theirs = _ranges(left, self.owner)
         shares: dict[int, list[Any]] = {h: [] for h in theirs}
         for w, (b0, b1) in mine.items():
             for h, dest in theirs.items():
-                key = g.add((g.name("pass2", j), "update", w, h), tasks.share, state,
+                key = g.add((g.name("pass2", j), "update", w, h), tasks.share, states[w],
                             zs[b0:b1], first=b0, blocks=m, dest=(*dest, left), site=j)
                 shares[h].append(g.pin(key, w))
         parts = _Parts(shares=shares, first={h: b0 for h, (b0, _) in theirs.items()})
         if self.store is not None:
             self.checkpoint = g.pin(g.add(
-                (g.name("pass2", j), "env"), tasks.split_checkpoint, state,
+                (g.name("pass2", j), "env"), tasks.split_checkpoint, states[0],
                 [shares[h] for h in sorted(shares)], self.checkpoint,
                 checkpoint=partial(self.store.write_pass2, j)), 0)
         return parts
@@ -245,9 +253,9 @@ class _Pass2:
     def split_site(self, j: int, parts: _Parts) -> _Parts:
         """Site ``j`` of split pass 2; returns ``S_{j-1}`` as the workers' shares."""
         zs = self.split_project(j, parts)
-        state = self.split_qr(j, zs)
-        parts = self.split_update(j, state, zs)
-        self.out[j] = self.g.add((self.g.name("pass2", j), "core"), tasks.eta_of, state,
+        states = self.split_qr(j, zs)
+        parts = self.split_update(j, states, zs)
+        self.out[j] = self.g.add((self.g.name("pass2", j), "core"), tasks.eta_of, states[0],
                                  self.checkpoint)
         return parts
 
