@@ -253,7 +253,10 @@ def test_device_spilling(tmp_path):
 
 
 def test_two_dask_cuda_workers_sharing_one_gpu(tmp_path):
-    from distributed import Client
+    """Two ``dask cuda worker`` processes on one GPU (how the benchmarks stand in for
+    two GPUs): in-memory and Zarr inputs give the one-GPU cores, pass 2 split over
+    both workers, each making its own QR."""
+    from distributed import Client, get_task_stream
 
     a, x = STACKS["mpo.mps"](np.complex128)
     ref = _on("gpu", a, x, chi_out=32, seed=5, chunk=8)
@@ -277,11 +280,21 @@ def test_two_dask_cuda_workers_sharing_one_gpu(tmp_path):
         with Client(scheduler_file=str(sched)) as client:
             client.wait_for_workers(2, timeout=120)
             y = src_dask.apply(a, x, 32, seed=5, chunk=8, client=client)
+            # the split pass 2 from Zarr inputs: reads pinned, each worker's own QR
+            src_dask.save(a, tmp_path / "a")
+            src_dask.save(x, tmp_path / "x")
+            with get_task_stream(client=client) as stream:
+                stored = src_dask.apply(src_dask.open(tmp_path / "a"),
+                                        src_dask.open(tmp_path / "x"), 32, seed=5, chunk=8,
+                                        client=client)
     finally:
         for p in reversed(procs):
             p.terminate()
             p.wait(30)
     _same(y, ref)
+    _same(stored, ref)
+    qr = {t["worker"] for t in stream.data if t["key"][1:2] == ("qr",)}
+    assert len(qr) == 2
 
 
 def test_ucx():

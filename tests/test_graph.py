@@ -12,6 +12,7 @@ from helpers import dense_product, graphs_received, random_mpo, random_mps, rel_
 
 import src_dask
 from src_dask import _api, _graph, _plan, _random
+from src_dask._graph import keys
 from src_dask._stack import make_stack
 
 
@@ -341,7 +342,8 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
             assert fetch in dsk and deps(piece, "pass2") == {
                 fetch, (f"pass2_site{j}-{token}", "project", 0)}
         if j + 2 < 6:  # fetched two sites ahead (z_block_bytes=1), not at the start
-            assert deps(fetch, "pass2") == {(f"pass2_site{j + 2}-{token}", "core")}
+            assert deps(fetch, "src_after") == {(f"src_after-{token}",
+                                                 f"pass2_site{j + 2}-{token}", "core")}
 
 
 def test_pass_2_on_one_worker_gives_the_same_result(cluster_client, monkeypatch):
@@ -428,7 +430,7 @@ def test_split_pass_2_moves_one_environment_a_site(workers):
             assert columns * left == (plan.sketch - own) * left  # all of C_j but its own
             if j + plan_ahead(stack, plan) < stack.n:  # copied ahead of use, not at once
                 for k in fetched:
-                    assert any(isinstance(d, tuple) and d[1:] == ("core",)
+                    assert any(isinstance(d, tuple) and d[2:] == ("core",)
                                for d in _deps(dsk, k))
         for key in dsk:  # Z never leaves the worker that made it
             if isinstance(key, tuple) and key[0] == name:
@@ -477,6 +479,32 @@ def test_split_pass_2_copies_inputs_over_a_fast_link():
                 # the last site is projected by worker 0 alone (Z has one row there)
                 assert len(copies) == (2 if j < 6 or j % 2 else 0)
                 assert all(where[k] != where[own[0]] for k in copies)
+
+
+def test_reads_and_copies_ahead_of_use_wait_on_signals():
+    """Reads, copies and fetches ahead of use are paced by steps on other workers
+    (pass-1 blocks, output cores) through a signal of None made where the step ran:
+    waiting on the step itself moved its result to them for nothing."""
+    for scheme in ("ucx", "tcp"):
+        names = (f"{scheme}://a:1", f"{scheme}://b:2")
+        _, _, graph = _split_graph(workers=names, device="gpu")
+        dsk, where = dict(graph.dask), _where(graph)
+        pacers = [k for k in dsk if isinstance(k, tuple)
+                  and (key_split(k).startswith("load_site") or key_split(k) == "src_read"
+                       or k[1:2] == ("fetch",))]
+        assert pacers
+        for k in pacers:  # (func, what it reads, copies or fetches, after)
+            after = dsk[k][-1]
+            assert after is None or key_split(after) == "src_after", (k, after)
+        paced_by = {keys.step_of(key_split(s[1:]))[0] for s in dsk
+                    if key_split(s) == "src_after"}
+        assert paced_by == {"pass1", "pass2"}
+        signals = [k for k in dsk if key_split(k) == "src_after"]
+        assert signals
+        for s in signals:
+            (step,) = _deps(dsk, s)
+            assert s[1:] == step and where.get(s) == where.get(step)
+            assert dsk[s][0](None) is None  # carries nothing
 
 
 @pytest.mark.parametrize("options", [dict(chunk=6), dict(chunk=4, z=1),

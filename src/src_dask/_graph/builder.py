@@ -9,6 +9,7 @@ from typing import Any
 import dask.array as da
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.utils import key_split
 
 from .. import _arraylike
 from .. import _kernels as K
@@ -29,6 +30,7 @@ class GraphBuilder:
         self.inputs: list[da.Array] = []
         self.placement: dict[Any, str] = {}
         self._shared: dict[int, tuple[Any, Any]] = {}  # id(array): (array, its data key)
+        self._signals: dict[Any, Any] = {}
 
     def name(self, step: str, site: int) -> str:
         return keys.name(step, site, self.token)
@@ -53,6 +55,19 @@ class GraphBuilder:
         if self.workers:
             self.placement[key] = self.workers[block % len(self.workers)]
         return key
+
+    def signal(self, key: Any) -> Any:
+        """A key that stands for ``key`` where a task only waits for it: a tiny task
+        on ``key``'s worker that returns None once ``key`` has run. Reads and copies
+        ahead of use are paced by steps on other workers; waiting on the step itself
+        moved its result (a 256 MB block of C, a 64 MB core) to them for nothing."""
+        if key is None or not self.workers or key_split(key) == "src_after":
+            return key  # one process (nothing moves), or a signal already
+        if key not in self._signals:
+            signal = keys.after(key, self.token)
+            self.tasks[signal] = (tasks.signal, key)
+            self._signals[key] = signal  # placed with ``key`` (see :meth:`delayed`)
+        return self._signals[key]
 
     def array(self, x: Any, after: Any = None, group: int | None = None) -> Any:
         """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
@@ -90,6 +105,9 @@ class GraphBuilder:
     def delayed(self, key: str) -> Delayed:
         """The graph as one Delayed computing ``key``."""
         placement = self.placement
+        for step, signal in self._signals.items():  # a signal runs where its step does
+            if step in placement:
+                placement[signal] = placement[step]
         annotations = None
         if placement:
             annotations = {"workers": placement.get,
@@ -123,6 +141,7 @@ class Inputs:
 
         Where the plan copies inputs over a fast link, site ``j`` is read by group
         ``j % groups`` (reads spread over the workers) and copied to the others."""
+        after = self.g.signal(after)
         groups = self.g.sweep.groups
         if not (self.g.sweep.copy_inputs and groups > 1):
             return self._read(j, sweep, after, group)

@@ -21,8 +21,9 @@ step). The steps:
     the output core in quimb's layout.
 
 Keys that are not steps: ``src_result-<token>`` (the list of output cores),
-``src_read-…`` (a stored core read whole) and ``src_input-…`` (an in-memory
-core shared by several workers' loads).
+``src_read-…`` (a stored core read whole), ``src_input-…`` (an in-memory
+core shared by several workers' loads) and ``src_after-<token>`` (the signal that
+a task has run, for tasks that only wait for it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def discarded(token: str) -> str:
 def read() -> tuple[str]:
     """A fresh key for reading a stored core."""
     return ("src_read-" + uuid.uuid4().hex,)
+
+
+def after(key: tuple, token: str) -> tuple:
+    """The key of the signal that task ``key`` of run ``token`` has run."""
+    return (f"src_after-{token}", *key)
 
 
 def shared_input() -> tuple[str]:

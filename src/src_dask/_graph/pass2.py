@@ -57,9 +57,11 @@ class _Pass2:
         return self._cores_of_group[j, worker]
 
     def ahead_of(self, j: int) -> Any:
-        """The step whose end lets site j's inputs of pass 2 be read (or fetched)."""
+        """The signal that lets site j's inputs of pass 2 be read (or fetched)."""
         ahead = self.sweep.lookahead
-        return (self.g.name("pass2", j + ahead), "core") if j + ahead < self.stack.n else None
+        if j + ahead >= self.stack.n:
+            return None
+        return self.g.signal((self.g.name("pass2", j + ahead), "core"))
 
     def place(self, key: Any, block: int) -> Any:
         """Pin ``key`` to the worker of ``block``, or to the first one (``home``)."""

@@ -218,6 +218,11 @@ def stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
     return K.on_device(read(site), device)
 
 
+def signal(x: Any) -> None:
+    """None, once the task whose result is ``x`` has run (``GraphBuilder.signal``)."""
+    return None
+
+
 def first(x: Any, after: Any = None) -> Any:
     """``x``, where this task runs, once ``after`` has run (a fetch ahead of use)."""
     return x
