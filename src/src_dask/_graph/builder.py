@@ -61,8 +61,8 @@ class GraphBuilder:
         on ``key``'s worker that returns None once ``key`` has run. Reads and copies
         ahead of use are paced by steps on other workers; waiting on the step itself
         moved its result (a 256 MB block of C, a 64 MB core) to them for nothing."""
-        if key is None or not self.workers or key_split(key) == "src_after":
-            return key  # one process (nothing moves), or a signal already
+        if key is None or len(self.workers) < 2 or key_split(key) == "src_after":
+            return key  # one worker (nothing moves), or a signal already
         if key not in self._signals:
             signal = keys.after(key, self.token)
             self.tasks[signal] = (tasks.signal, key)
