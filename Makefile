@@ -21,11 +21,14 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/src-dask demo
 
+# two pytest processes (pytest-xdist): the suite's tests are mostly single-threaded Python
+# and Dask set-up, so two cores run it in ~0.7 of the time
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks examples docs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
-# the tests marked slow (memory bounds of out-of-core runs); CI runs them after `make test`
+# the tests marked slow (memory bounds of out-of-core runs): one at a time, as their
+# budgets follow the memory the machine has free; CI runs them after `make test`
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slow
 

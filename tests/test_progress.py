@@ -246,7 +246,7 @@ def test_report_needs_bokeh_on_the_scheduler(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "bokeh" else real(name, *a))
     monkeypatch.setattr(_graph, "build", lambda *a, **k: pytest.fail("graph built"))
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client, \
             pytest.raises(ValueError, match="performance_report needs bokeh where the Dask"):
         src_dask.apply(*_problem(), 12, client=client, performance_report=tmp_path / "r.html")
