@@ -313,3 +313,21 @@ def test_device_limit_is_read_from_dask_cudas_worker_data():
     assert _device_limit(SimpleNamespace(manager=manager)) == 7 * 2**30
     assert _device_limit({}) is None  # a plain worker's dict: not told
     assert _device_limit(SimpleNamespace(device_buffer={})) is None  # no limit: no spilling
+
+
+def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog):
+    """One question to the workers per call of src or plan, also when the plan is
+    logged at INFO (the plan and its log line read the same answer)."""
+    from src_dask import _api
+
+    asked = []
+    real = _api.worker_facts
+    monkeypatch.setattr(_api, "worker_facts", lambda *a: asked.append(a) or real(*a))
+    a, x = random_mpo(5, 3, seed=1), random_mps(5, 4, seed=2)
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        y = src_dask.apply(a, x, 12, seed=0, client=cluster_client)
+    assert len(asked) == 1 and any("peak" in r.getMessage() for r in caplog.records)
+    assert rel_err(y, dense_product(a, x)) <= 1e-12
+    asked.clear()
+    src_dask.plan(a, x, chi_out=12, client=cluster_client)
+    assert len(asked) == 1

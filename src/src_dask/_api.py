@@ -13,7 +13,7 @@ import logging
 import math
 import numbers
 import os
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import dask
 import dask.utils
@@ -24,7 +24,7 @@ from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
 from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
-from ._stack import Stack, make_stack
+from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
 from .trains import TensorTrain, as_train
 
@@ -93,7 +93,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         arrays. Without oversampling it is right-canonical (all the norm in
         site 0); after rounding it is left-canonical (the norm in the last site).
     """
-    stack, plan, client, store, seed, extra = _prepare(
+    stack, plan, client, store, seed, extra, facts = _prepare(
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
@@ -101,12 +101,12 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         seed = _random.draw_seed() if seed is None else seed  # drawn here: y.seed says it
         log.info("src: seed %d", seed)
         y = _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                 progress, performance_report)
+                 facts, progress, performance_report)
     else:
         asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
                  "dtype": stack.dtype.name, "seed": seed}
-        y, seed = _run_in_store(stack, plan, store, asked, overwrite, client, progress,
-                                performance_report)
+        y, seed = _run_in_store(stack, plan, store, asked, overwrite, client, facts,
+                                progress, performance_report)
     y.seed = seed
     y._quimb = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
     return y
@@ -135,7 +135,7 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
     column or one environment sum does not fit a worker, an ``OSError`` when
     the store does not fit its disk.
     """
-    stack, p, client, store, _, _ = _prepare(
+    stack, p, client, store, _, _, facts = _prepare(
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
     _progress.check_progress(progress)
     _progress.check_report(performance_report, client)
@@ -143,14 +143,13 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
         _paths.check_space(store, _runstore.planned_bytes(stack, p.sketch), "the run store")
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, p, workers)
-    return _estimate_of(stack, p, client, store is not None, _graph.task_count(graph))
+    return _estimate_of(stack, p, client, facts, store is not None, _graph.task_count(graph))
 
 
 def _prepare(trains: tuple[Any, ...], chi_out: Any, oversample: Any, cutoff: Any, dtype: Any,
-             seed: Any, chunk: Any, client: Any, store: Any
-             ) -> tuple[Stack, _plan.Plan, Any, str | None, int | None, int]:
-    """The checked options of :func:`src` and :func:`plan`: ``(stack, plan, client,
-    store path, seed, oversample)``; the plan's key is set once the seed is known."""
+             seed: Any, chunk: Any, client: Any, store: Any) -> _Call:
+    """The checked options of :func:`src` and :func:`plan`, and the plan; its key is
+    set once the seed is known."""
     chi_out = _positive_int(chi_out, "chi_out")
     extra, cutoff = _oversample(oversample, chi_out), _cutoff(cutoff)
     if seed is not None and (not _is_int(seed) or seed < 0):
@@ -160,32 +159,46 @@ def _prepare(trains: tuple[Any, ...], chi_out: Any, oversample: Any, cutoff: Any
     client = _client(client)
     store = None if store is None else _runstore.check_path(store)
     stack = make_stack(trains, dtype)
-    return stack, _plan_for(stack, chi_out, extra, cutoff, chunk, client,
-                            store is not None), client, store, seed, extra
+    plan, facts = _plan_for(stack, chi_out, extra, cutoff, chunk, client, store is not None)
+    return _Call(stack, plan, client, store, seed, extra, facts)
 
 
-def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, store: bool,
-                 tasks: int) -> RunPlan:
+class _Call(NamedTuple):
+    """A checked call of :func:`src` or :func:`plan`."""
+
+    stack: Stack
+    plan: _plan.Plan
+    client: Any
+    store: str | None
+    seed: int | None
+    oversample: int
+    workers: _plan.Workers  # what the workers have, asked once a call
+
+
+def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
+                 store: bool, tasks: int) -> RunPlan:
     """The :class:`RunPlan` of a run of ``tasks`` tasks."""
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     sweep = _plan.SweepPlan.decide(stack, plan, workers)
     return _estimate.estimate(
-        stack, sweep, worker_facts(client, plan.device), store=store,
+        stack, sweep, facts, store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
         product=_estimate.describe_product(stack),
         where="Dask's local scheduler" if client is None else f"at {client.scheduler.address}")
 
 
 def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None,
-              client: Any, store: bool = False) -> _plan.Plan:
-    """The run's plan, but for the seed's key (set once the seed is known)."""
+              client: Any, store: bool = False) -> tuple[_plan.Plan, _plan.Workers]:
+    """The run's plan, but for the seed's key (set once the seed is known), and the
+    workers' facts it follows from."""
     inputs = [c for f in stack.factors for c in f.train]
     device = choose_device(client, inputs)
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
-    return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device,
-                       workers=worker_facts(client, device),
-                       slots=_plan.slots(client, device), to_host=to_host, store=store)
+    facts = worker_facts(client, device)
+    return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device, workers=facts,
+                       slots=_plan.slots(client, device), to_host=to_host,
+                       store=store), facts
 
 
 def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
@@ -228,7 +241,8 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
-                  overwrite: bool, client: Any, progress: bool | TextIO,
+                  overwrite: bool, client: Any, facts: _plan.Workers,
+                  progress: bool | TextIO,
                   performance_report: str | None) -> tuple[TensorTrain, int]:
     """A run into the store at ``path``: resumed, or returned when finished; the
     result is read from the store, with the seed the store's run uses. ``asked``: the
@@ -247,40 +261,27 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
             return run.result(stack.kind), seed
         log.info("src: seed %d", seed)
         plan = dataclasses.replace(plan, chunk=chunk, key=_random.seed_key(seed), to_host=True)
-        _run(stack, plan, client, progress, performance_report, run, resume)
+        _run(stack, plan, client, facts, progress, performance_report, run, resume)
         run.mark_complete()
         return run.result(stack.kind), seed
     finally:
         run.release()
 
 
-def graph_of_inputs(*stacks: Stack, copies: int = 1) -> Any:
-    """Dask's large-graph warning raised above the in-memory inputs of ``stacks``,
-    which travel inside the graph by design (not scattered: a lost worker would lose
-    them for good), ``copies`` times each, so that a graph no larger than twice that
-    is not warned about."""
-    in_graph = sum(K.nbytes(c) for stack in stacks for f in stack.factors for c in f.train
-                   if is_in_memory(c))
-    threshold = max(dask.utils.parse_bytes(
-        dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
-        2 * copies * in_graph)
-    return dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold})
-
-
-def _run(stack: Stack, plan: _plan.Plan, client: Any, progress: bool | TextIO,
-         performance_report: str | None, run: RunStore | None = None,
-         resume: Progress | None = None) -> TensorTrain | None:
+def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
+         progress: bool | TextIO, performance_report: str | None,
+         run: RunStore | None = None, resume: Progress | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
-    into ``run``."""
+    into ``run``. ``facts``: what the workers have (for the plan logged at INFO)."""
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
-        log.info("src: %s", _estimate_of(stack, plan, client, run is not None,
+        log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
-    with graph_of_inputs(stack), \
+    with in_graph(stack), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host)
     if weights is not None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _kernels as K
 from ._layout import pad
-from ._stack import Stack, make_stack
+from ._stack import Stack, in_graph, make_stack
 from ._transfer import to_host
 
 
@@ -57,9 +57,7 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
                                     for c in f.train])
     chains = [_chain(a, b, device) for a, b in ((result, result), (result, product),
                                                 (product, product))]
-    from ._api import graph_of_inputs
-
-    with graph_of_inputs(result, product, copies=3):  # each core in three overlap steps
+    with in_graph(result, product, copies=3):  # each core in three overlap steps
         yy, yp, pp = _compute(chains, client, progress)
     if pp == 0:
         raise ZeroDivisionError("distance: the product is zero")

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import dask
+import dask.utils
 import numpy as np
 
 from ._kernels import all_finite, is_in_memory
+from ._kernels import nbytes as nbytes_of
 from ._layout import padded_shape
 from .trains import Kind, TensorTrain, order_product
 
@@ -95,3 +98,16 @@ def _check_finite_now(trains: list[TensorTrain]) -> None:
         for j, c in enumerate(t):
             if is_in_memory(c) and not all_finite(c):
                 raise ValueError(f"trains[{i}], site {j}: the core contains NaN or inf")
+
+
+def in_graph(*stacks: Stack, copies: int = 1) -> Any:
+    """Dask's large-graph warning raised above the in-memory inputs of ``stacks``,
+    which travel inside the graph by design (not scattered: a lost worker would lose
+    them for good), ``copies`` times each, so that a graph no larger than twice that
+    is not warned about."""
+    nbytes = sum(nbytes_of(c) for stack in stacks for f in stack.factors for c in f.train
+                 if is_in_memory(c))
+    threshold = max(dask.utils.parse_bytes(
+        dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
+        2 * copies * nbytes)
+    return dask.config.set({"distributed.admin.large-graph-warning-threshold": threshold})
