@@ -475,3 +475,24 @@ def test_a_damaged_chunk_file_is_an_error_read_either_way(tmp_path, how, direct)
     with dask.config.set({"src_dask.direct-reads": direct}), \
             pytest.raises(DamagedDataError, match=f"the a: .*{says}|a: .*{says}"):
         _integrity.read(zarr.open_group(tmp_path / "g", mode="r")["a"], what="the a")
+
+
+def test_checksums_are_taken_a_few_megabytes_a_call(monkeypatch):
+    """A chunk's CRC32C is the same taken in steps, and no step is larger than
+    _CRC_STEP: google_crc32c holds the GIL for a whole call, which stalled a worker's
+    event loop and its other threads for ~60 ms per 256 MB core."""
+    import google_crc32c
+
+    steps = []
+    real = google_crc32c.extend
+    monkeypatch.setattr(google_crc32c, "extend",
+                        lambda crc, b: steps.append(b.size) or real(crc, b))
+    monkeypatch.setattr(_integrity, "_CRC_STEP", 1000)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 999, 1000, 1001, 4500):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        steps.clear()
+        assert _integrity._crc32c(data) == google_crc32c.value(data.tobytes())
+        assert len(steps) == -(-n // 1000) and all(0 < s <= 1000 for s in steps)
+    x = rng.standard_normal((3, 5, 7)) + 1j * rng.standard_normal((3, 5, 7))
+    assert _integrity._crc32c(x) == google_crc32c.value(x.tobytes())
