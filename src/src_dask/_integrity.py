@@ -163,13 +163,18 @@ def _chunk_dir(arr: Any) -> str | None:
     if not config.get("direct-reads"):
         return None
     try:
-        meta = arr.metadata
-        names = [type(c).__name__ for c in meta.codecs]
-        endian = getattr(getattr(meta.codecs[0], "endian", None), "value", None)
+        # judged by the metadata's JSON (the Zarr v3 format), not by zarr-python's classes,
+        # which change between releases (3.4 renamed the chunk grid's, and direct reads
+        # silently stopped on the GPU machine)
+        meta = arr.metadata.to_dict()
+        codecs = [c if isinstance(c, dict) else c.to_dict() for c in meta["codecs"]]
+        grid = meta["chunk_grid"]
+        grid = grid if isinstance(grid, dict) else grid.to_dict()
+        endian = (codecs[0].get("configuration") or {}).get("endian") if codecs else None
         root = getattr(arr.store, "root", None)
         if (type(arr.store).__name__ != "LocalStore" or root is None
-                or names != ["BytesCodec", "Crc32cCodec"] or endian not in ("little", None)
-                or type(meta.chunk_grid).__name__ != "RegularChunkGrid"
+                or [c["name"] for c in codecs] != ["bytes", "crc32c"]
+                or endian not in ("little", None) or grid.get("name") != "regular"
                 or np.dtype(arr.dtype).byteorder == ">" or sys.byteorder != "little"):
             return None
         return os.path.join(os.fspath(root), arr.store_path.path)
