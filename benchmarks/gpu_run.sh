@@ -27,7 +27,9 @@
 #              (stack_gpu_dm1000_x2.json); then D_M=2000/chi_out=1000 the same, its
 #              1-worker run first and the rest merged into the
 #              same record (stack_gpu_dm2000_x2.json). Each stack run is limited to
-#              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min
+#              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min.
+#              Every run's transfers and task timeline go to $OUT/x2_dm1000 and
+#              x2_dm2000, and timeline.py's table of pass 2's sites to timeline.log
 #   xfer       what holds the transfers up inside a run (nvidia-h200-x2): bench_stack.py
 #              D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool), every transfer
 #              and the event loops' stalls (stack_gpu_dm1000_xfer.json, its `transfers`
@@ -135,6 +137,14 @@ part_stack2() {  # two GPUs over the fastest link (inputs from stack1 reused)
     stack dm2000_w2 2000 1000 --workers 2 --protocol "$proto" --rmm "$rmm" --no-compare
 }
 
+timelines() {  # timelines DIR: pass 2's sites of every run whose tasks DIR holds
+    local f
+    for f in "$1"/tasks_*.json; do
+        [ -f "$f" ] && run "timeline $(basename "$f" .json)" timeline.log \
+            python3 benchmarks/timeline.py "$f" --sites 5
+    done
+}
+
 part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-method
     run "transfer ucx" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
         --protocol ucx --rmm pool --gib 1 4 --out "$OUT/transfer_gpu.json"
@@ -142,16 +152,21 @@ part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-meth
         --protocol tcp --rmm pool --gib 1 --repeats 2 --out "$OUT/transfer_gpu_tcp.json"
     local STACK_TIMEOUT=${X2_TIMEOUT:-900} link=(--protocol ucx --rmm pool)
     # shellcheck disable=SC2086  # SRCM_DEVICES may list several counts
-    stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2}
-    stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare
+    stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2} \
+        --transfer-detail "$OUT/x2_dm1000"
+    timelines "$OUT/x2_dm1000"
+    stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare \
+        --transfer-detail "$OUT/x2_dm2000"
     # shellcheck disable=SC2086
     stack dm2000_x2 2000 1000 --workers 2 "${link[@]}" --no-compare --merge \
-        --src-method-devices ${SRCM_DEVICES:-2}
+        --src-method-devices ${SRCM_DEVICES:-2} --transfer-detail "$OUT/x2_dm2000"
+    timelines "$OUT/x2_dm2000"
 }
 
 part_xfer() {  # two GPUs: every transfer of the 2-worker run, and the event loops
     local STACK_TIMEOUT=${X2_TIMEOUT:-900}
     stack dm1000_xfer 1000 500 --workers 1 2 --protocol ucx --rmm pool --transfer-detail "$OUT"
+    timelines "$OUT"
 }
 
 for part in ${PART:-tests reference}; do
@@ -164,7 +179,7 @@ printf '%-16s %4s %8s  %s\n' part rc seconds log
 cat "$OUT/summary.txt"
 [ -f "$OUT/gpu_tests.log" ] && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
 for log in gpu_reference bench_mpo_mps bench_overhead bench_stack_dm1000 bench_stack_dm2000 \
-    bench_transfer profile_kernels; do
+    bench_transfer profile_kernels timeline; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -20 "$OUT/$log.log"; }
 done
 exit $failed

@@ -13,7 +13,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
-           "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels")
+           "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels",
+           "timeline")
 #: What every table with a percentage of the GEMM rate states under it.
 FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
@@ -188,3 +189,41 @@ def test_plan_reference_prints_plans_and_verdicts(tmp_path, capsys):
     # each GPU's data and tasks within the device less its headroom
     assert all(0 < r["plan"]["peak_device"] <= 0.95 * 139 * 2**30 for r in records)
     assert all(r["fits"]["device_peak_fits"] for r in records)
+
+
+def test_timeline_splits_each_site_into_work_and_waits(tmp_path, capsys):
+    """Pass 2's sites from a task timeline: each period from one site's first projection
+    to the next's, the workers' busy shares (side-by-side tasks counted once), the wait
+    for the sketch pieces before the QR and for the shares before the next projection;
+    the last site (projected during pass 1) left out; pass 1's pace."""
+    rows, token = [], "0123abcd"
+
+    def task(key, worker, *spans):
+        rows.append({"key": key, "worker": worker,
+                     "actions": [["transfer", spans[0][0] - 0.1, spans[0][0]]]
+                     + [["compute", a, b] for a, b in spans]})
+
+    for j, t in ((3, 0.0), (2, 10.0), (1, 20.0), (0, 30.0)):
+        name = f"('pass2_site{j}-{token}'"
+        task(f"{name}, 'project', 0)", "a", (t, t + 3))
+        task(f"{name}, 'project', 1)", "b", (t, t + 4), (t + 1, t + 2))  # side by side
+        if j:
+            task(f"{name}, 'sketch', 0)", "a", (t + 3, t + 5))
+            task(f"{name}, 'sketch', 1)", "b", (t + 4, t + 6))
+            task(f"{name}, 'qr')", "a", (t + 7, t + 8))
+            task(f"{name}, 'qr', 1)", "b", (t + 7.5, t + 8.5))
+            task(f"{name}, 'update', 0, 0)", "a", (t + 8, t + 9))
+            task(f"{name}, 'update', 1, 1)", "b", (t + 8.5, t + 9.5))
+    task(f"('pass1_site0-{token}', 0)", "a", (-9, -5))
+    task(f"('pass1_site1-{token}', 0)", "a", (-5, -3))
+    task(f"('pass1_site1-{token}', 1)", "b", (-5, -2))
+    path = tmp_path / "tasks_w2_memory.json"
+    path.write_text(json.dumps(rows))
+    (out,), stdout = _main("timeline", str(path), capsys=capsys)
+    assert [s["site"] for s in out["sites"]] == [2, 1] and out["pass2_s"] == 20.0
+    for s in out["sites"]:
+        assert s["period_s"] == 10.0 and s["gather_s"] == 1.0 and s["qr_s"] == 1.0
+        assert s["shares_s"] == 0.5
+        assert abs(s["busy_w0"] - 0.7) < 1e-12 and abs(s["busy_w1"] - 0.8) < 1e-12
+    assert out["pass1_pace_s"] == 3.0
+    assert "2 workers, pass 2 2 sites" in stdout and "median" in stdout
