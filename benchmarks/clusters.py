@@ -103,10 +103,12 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
         import rmm  # noqa: F401 - as src_dask.cluster: RMM (async, or a pool under UCX)
 
         command += ["--set-rmm-allocator-for-libs", "cupy"]
-        if args.rmm == "pool":  # each worker's pool a share of the one device
-            f = _fraction(args.device_memory_limit) or 0.7
-            command += ["--no-rmm-async", "--rmm-pool-size", str(f / n_workers),
-                        "--rmm-maximum-pool-size", str(0.9 / n_workers)]
+        if args.rmm == "pool":  # each worker's pool its share of what one GPU's would be
+            from src_dask._cluster import rmm_pool
+
+            size, maximum = rmm_pool(_fraction(args.device_memory_limit) or "default")
+            command += ["--no-rmm-async", "--rmm-pool-size", str(size / n_workers),
+                        "--rmm-maximum-pool-size", str(maximum / n_workers)]
         else:
             command.append("--rmm-async")
     procs = []

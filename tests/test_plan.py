@@ -205,18 +205,17 @@ def test_device_task_bytes_is_what_the_kept_data_leave():
     assert _plan.device_task_bytes(100 * GIB, None, 120 * GIB, 2) == int(headroom / 2)
 
 
-def _facts(device, threads):
-    return _plan.Workers(count=1, threads=threads, rss=0, host_limit=None, keep=None,
-                         device_memory=device)
+def _facts(device, threads, keep=None, workers=1):
+    """A GPU worker of ``device`` bytes keeping ``keep`` of them (dask-cuda's limit)."""
+    return _plan.Workers(count=workers, threads=threads, rss=0, host_limit=None, keep=None,
+                         device_limit=keep, device_memory=device, memory=device)
 
 
 def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, workers=1):
     from src_dask import _api
 
-    facts = _plan.Workers(count=workers, threads=threads, rss=0, host_limit=None, keep=None,
-                          device_limit=keep, device_memory=device, memory=device)
-    return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts,
-                            slots=workers)
+    return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
+                            workers=_facts(device, threads, keep, workers), slots=workers)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

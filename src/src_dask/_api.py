@@ -19,10 +19,8 @@ import dask
 import dask.utils
 
 from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore
-from . import _kernels as K
 from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
-from ._kernels import is_in_memory
 from ._runstore import Progress, RunStore
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
@@ -209,8 +207,7 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     does not have); ``slots``: blocks of sketch columns that run at once. On a GPU
     the tasks get what the run's data leave of the device (``_plan.device_task_bytes``)."""
     sketch = _plan.sketch_width(stack, chi_out, extra)
-    lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not is_in_memory(c))
-    keep = _plan.keep_inputs(lazy, workers.memory)
+    keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 
     def sized(task: int | None) -> _plan.Plan:
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)

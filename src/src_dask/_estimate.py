@@ -140,8 +140,8 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     z_share = 1 / workers if Pass2.of_run(plan.device, workers).split else 1.0
     kept = 0.0
     if plan.keep_inputs:
-        lazy = sum(K.nbytes(c) for f in stack.factors for c in f.train if not K.is_in_memory(c))
-        kept = lazy * input_groups(plan.device, workers) / max(1, workers)
+        kept = (stack.input_bytes(lazy=True) * input_groups(plan.device, workers)
+                / max(1, workers))
     held = [(max(env) if store else sum(env)) + kept]
     for j in range(stack.n - 1, -1, -1):
         envs = env[j] if store else sum(env[:j + 1])

@@ -20,6 +20,7 @@ import dask
 import numpy as np
 
 from . import _kernels as K
+from ._cluster import choose_device
 from ._layout import pad
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import to_host
@@ -51,8 +52,6 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
         if mine != theirs:
             raise ValueError(f"distance: site {j}: y's physical legs (up, down) {mine} are not "
                              f"the product's {theirs}")
-    from ._cluster import choose_device
-
     device = choose_device(client, [c for s in (result, product) for f in s.factors
                                     for c in f.train])
     chains = [_chain(a, b, device) for a, b in ((result, result), (result, product),

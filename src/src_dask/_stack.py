@@ -83,6 +83,12 @@ class Stack:
         """Size of the output's down (column) leg; 1 for an MPS result."""
         return self._padded[site][-1][3]
 
+    def input_bytes(self, lazy: bool) -> int:
+        """Bytes of the input cores that are lazy (Dask, Zarr: read by the tasks), or
+        (``lazy=False``) in memory (they travel inside the graph)."""
+        return sum(nbytes_of(c) for f in self.factors for c in f.train
+                   if is_in_memory(c) != lazy)
+
 
 def make_stack(trains: tuple[Any, ...], dtype: Any = None) -> Stack:
     """Validate ``trains`` as the product ``trains[0]·trains[1]·…`` (see module doc)."""
@@ -105,8 +111,7 @@ def in_graph(*stacks: Stack, copies: int = 1) -> Any:
     which travel inside the graph by design (not scattered: a lost worker would lose
     them for good), ``copies`` times each, so that a graph no larger than twice that
     is not warned about."""
-    nbytes = sum(nbytes_of(c) for stack in stacks for f in stack.factors for c in f.train
-                 if is_in_memory(c))
+    nbytes = sum(stack.input_bytes(lazy=False) for stack in stacks)
     threshold = max(dask.utils.parse_bytes(
         dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB")),
         2 * copies * nbytes)
