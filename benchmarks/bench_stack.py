@@ -49,6 +49,8 @@ The script
         --protocol ucx --rmm pool --src-method-devices 2       # the two-GPU comparison
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
         --protocol ucx --rmm pool --transfer-detail /tmp/out   # what holds transfers up
+    python benchmarks/bench_stack.py --modes memory --quimb no --workers 2 --merge \
+        --scheduler-file sched.json   # workers started as under Slurm: run w2_memory_schedfile
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for n_workers in args.workers:
         for mode in args.modes:
-            key = f"w{n_workers}_{mode}"
+            key = f"w{n_workers}_{mode}" + ("_schedfile" if args.scheduler_file else "")
             if mode == "store" and free_bytes(args.workdir) < 1.1 * envs:
                 record["runs"][key] = {"skipped": f"the run store needs about "
                                        f"{1.1 * envs / 1e9:.1f} GB; "

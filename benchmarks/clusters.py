@@ -39,6 +39,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "between GPUs over UCX maps it once)")
     p.add_argument("--threads-per-worker", type=int, default=None,
                    help="threads of each GPU worker (default: src_dask.cluster's, 4)")
+    p.add_argument("--scheduler-file", type=Path, default=None, metavar="PATH",
+                   help="use the workers already started on the scheduler of PATH (as "
+                        "under Slurm: examples/slurm/two_nodes_local.sh) instead of "
+                        "starting a cluster; --workers must be how many there are, and the "
+                        "options above are theirs to set")
 
 
 def host_memory() -> int:
@@ -132,6 +137,21 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
 
 
 @contextlib.contextmanager
+def external_workers(n_workers: int, scheduler_file: Path):
+    """A client of the workers already started on the scheduler of ``scheduler_file``;
+    exactly ``n_workers`` of them, so that a run's name says what ran it."""
+    from distributed import Client
+
+    with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+        client.wait_for_workers(n_workers, timeout=300)
+        found = len(client.scheduler_info()["workers"])
+        if found != n_workers:
+            raise SystemExit(f"--scheduler-file {scheduler_file}: {found} workers there, "
+                             f"--workers asked for {n_workers}")
+        yield client
+
+
+@contextlib.contextmanager
 def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace, workdir: Path):
     """A client of ``n_workers`` workers on ``device`` (options of :func:`add_options`);
     yields (client, description)."""
@@ -140,6 +160,11 @@ def bench_cluster(n_workers: int, device: Device, args: argparse.Namespace, work
     import src_dask
 
     local = workdir / "dask"
+    if getattr(args, "scheduler_file", None) is not None:
+        with external_workers(n_workers, args.scheduler_file) as client:
+            yield client, (f"{n_workers} workers on {args.scheduler_file}, started outside "
+                           "(dask cuda worker --scheduler-file, as under Slurm)")
+        return
     if device.is_gpu and n_workers > device.gpus:
         with shared_gpu_workers(n_workers, args, local) as client:
             yield client, f"{n_workers} dask cuda worker processes sharing one GPU"

@@ -30,17 +30,22 @@
 #              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min.
 #              Every run's transfers and task timeline go to $OUT/x2_dm1000 and
 #              x2_dm2000, and timeline.py's table of pass 2's sites to timeline.log
+#   slurm      the D_M=1000 stack on 2 GPUs with workers started as under Slurm:
+#              examples/slurm/two_nodes_local.sh (scheduler file, one `dask cuda worker`
+#              per GPU, UCX with RMM pools) runs bench_stack.py --scheduler-file, whose
+#              run w2_memory_schedfile joins stack_gpu_dm1000_x2.json (after x2; on a
+#              one-GPU machine the two workers share it); ~3 min
 #   xfer       what holds the transfers up inside a run (nvidia-h200-x2): bench_stack.py
 #              D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool), every transfer
 #              and the event loops' stalls (stack_gpu_dm1000_xfer.json, its `transfers`
 #              field and table; each transfer in transfers_w2_memory.json); ~2 min
-# mpo, mpo1000, stackq and stack1 need quimb, x2 and xfer need the UCX wheels, x2 src-method.
+# mpo, mpo1000, stackq and stack1 need quimb, x2, slurm and xfer the UCX wheels, x2 src-method.
 # Wheels: ../shared/tools/device-wheels --ucx --quimb (x2: --ucx --src-method), carried
 # in .whl/ (installed by .whl/install.sh when present).
 # Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS (STACK_TIMEOUT: seconds per stack run
 # of the other parts, default 420).
 set -uo pipefail
-parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2 xfer"
+parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2 slurm xfer"
 for part in ${PART:-tests reference}; do
     case " $parts " in
     *" $part "*) ;;
@@ -52,6 +57,12 @@ OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 [ -f .whl/install.sh ] && bash .whl/install.sh >"$OUT/install.log" 2>&1
 export PYTHONPATH=/tmp/site:$PWD/src
+# the commands the Slurm example calls (`python`, `dask`), where the machine lacks them
+mkdir -p "$OUT/bin"
+command -v python >/dev/null || ln -sf "$(command -v python3)" "$OUT/bin/python"
+command -v dask >/dev/null || printf '#!/bin/sh\nexec python3 -m dask "$@"\n' >"$OUT/bin/dask"
+chmod +x "$OUT/bin/"* 2>/dev/null
+export PATH=$PATH:$OUT/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/device.txt"
 failed=0
 
@@ -163,6 +174,25 @@ part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-meth
     timelines "$OUT/x2_dm2000"
 }
 
+part_slurm() {  # the two-GPU run with workers started as under Slurm
+    # examples/slurm/two_nodes_local.sh starts a scheduler and one `dask cuda worker`
+    # per GPU from a scheduler file, bench_stack.py --scheduler-file times the D_M=1000
+    # stack on them (run w2_memory_schedfile, merged into x2's record). On a one-GPU
+    # machine both workers share it, each with half of its memory limits.
+    local gpus="0 1" share=()
+    if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+        gpus="0 0"
+        share=(DEVICE_MEMORY_LIMIT=0.35 RMM_POOL_SIZE=0.35 RMM_MAXIMUM_POOL_SIZE=0.45)
+    fi
+    run "slurm dm1000" bench_stack_slurm.log env GPUS="$gpus" ${share[@]+"${share[@]}"} \
+        PROTOCOL=ucx COMMAND="timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py \
+            --dm 1000 --chi-out 500 --modes memory --quimb no --workdir /tmp/sb1000 \
+            --workers 2 --scheduler-file \"\$SCHEDULER_FILE\" --merge \
+            --out $OUT/stack_gpu_dm1000_x2.json --transfer-detail $OUT/slurm_dm1000" \
+        bash examples/slurm/two_nodes_local.sh "$OUT/slurm"
+    timelines "$OUT/slurm_dm1000"
+}
+
 part_xfer() {  # two GPUs: every transfer of the 2-worker run, and the event loops
     local STACK_TIMEOUT=${X2_TIMEOUT:-900}
     stack dm1000_xfer 1000 500 --workers 1 2 --protocol ucx --rmm pool --transfer-detail "$OUT"
@@ -178,7 +208,7 @@ echo "== $(date -u +%FT%TZ) on $(cat "$OUT/device.txt")"
 printf '%-16s %4s %8s  %s\n' part rc seconds log
 cat "$OUT/summary.txt"
 [ -f "$OUT/gpu_tests.log" ] && grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
-for log in gpu_reference bench_mpo_mps bench_overhead bench_stack_dm1000 bench_stack_dm2000 \
+for log in gpu_reference bench_mpo_mps bench_overhead bench_stack_dm1000 bench_stack_dm2000 bench_stack_slurm \
     bench_transfer profile_kernels timeline; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -20 "$OUT/$log.log"; }
 done

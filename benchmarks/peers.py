@@ -273,7 +273,10 @@ def peer_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
 
     - ``ratio_to_w1`` on ``w<n>_<mode>`` (n > 1): its time over ``w1_<mode>``'s;
     - ``ratio_to_srcmethod_g<n>`` on ``w<n>_<mode>``: its time over src-method's on
-      as many GPUs.
+      as many GPUs;
+
+    the same on ``w<n>_<mode>_<how>`` (workers started another way, as
+    ``_schedfile``), against the same ``w1_<mode>`` and src-method.
 
     Recomputed from scratch, so runs kept by ``--merge`` count too.
     """
@@ -283,7 +286,7 @@ def peer_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     timed = {k: e["best_s"] for k, e in runs.items() if "best_s" in e}
     out: dict[str, float] = {}
     for key, best in timed.items():
-        m = re.fullmatch(r"w(\d+)_(\w+)", key)
+        m = re.fullmatch(r"w(\d+)_(memory|store)(?:_\w+)?", key)
         if not m:
             continue
         n, mode = int(m.group(1)), m.group(2)

@@ -116,6 +116,25 @@ def test_bench_stack_quick(tmp_path, capsys):
     assert record["runs"]["w1_store"]["store"] and record["runs"]["w2_memory"]["workers"] == 2
     assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
 
+    # workers started outside (as under Slurm), found through a scheduler file
+    from distributed import Client, LocalCluster
+
+    sched = tmp_path / "scheduler.json"
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.write_scheduler_file(str(sched))
+        with pytest.raises(SystemExit, match="2 workers there, --workers asked for 1"):
+            _main("bench_stack", "--workdir", work, "--out", str(out), "--workers", "1",
+                  "--modes", "memory", "--quimb", "no", "--merge", "--scheduler-file",
+                  str(sched), capsys=capsys)
+        _main("bench_stack", "--workdir", work, "--out", str(out), "--workers", "2",
+              "--modes", "memory", "--quimb", "no", "--merge", "--scheduler-file", str(sched),
+              capsys=capsys)
+    runs = json.loads(out.read_text())["runs"]
+    outside = runs["w2_memory_schedfile"]
+    assert "started outside" in outside["cluster"] and outside["workers"] == 2
+    assert outside["ratio_to_w1"] == outside["best_s"] / runs["w1_memory"]["best_s"]
+
 
 def test_bench_overhead_quick(tmp_path, capsys):
     out = tmp_path / "overhead.json"

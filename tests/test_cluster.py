@@ -238,7 +238,7 @@ def test_two_nodes_script_is_valid_bash():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(440)
 def test_two_nodes_script_runs_with_cpu_workers(tmp_path):
     """The script's flow with `dask worker` for `dask cuda worker`: scheduler, two
     workers, generate, run on them, and nothing of it left running afterwards."""
@@ -267,6 +267,17 @@ def test_two_nodes_script_runs_with_cpu_workers(tmp_path):
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
             if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
+
+    # COMMAND instead of the example problem, on the same workers (the benchmarks' way)
+    env["COMMAND"] = ("python -c 'import os; from distributed import Client; "
+                      "c = Client(scheduler_file=os.environ[\"SCHEDULER_FILE\"]); "
+                      "print(\"workers:\", sorted(w[\"name\"] for w in "
+                      "c.scheduler_info()[\"workers\"].values()))'")
+    res = subprocess.run(["bash", str(SLURM / "two_nodes_local.sh"), str(out)], env=env,
+                         capture_output=True, text=True, timeout=220, check=False)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert "workers: ['node0', 'node1']" in res.stdout and "done: python -c" in res.stderr
+    assert not (out / "y.zarr").exists() and not (out / "run.zarr").exists()
 
 
 def test_tasks_are_sized_from_the_workers_limit_less_what_they_hold(tmp_path):

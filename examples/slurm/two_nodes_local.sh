@@ -28,6 +28,16 @@
 #                          machine without GPUs "dask worker" checks the flow:
 #     WORKER="dask worker" PROTOCOL=tcp SITES=8 BOND=8 CHI_OUT=8 \
 #         bash examples/slurm/two_nodes_local.sh /tmp/two-nodes
+#   COMMAND                once the workers are up, run this (bash -c, with
+#                          SCHEDULER_FILE set) instead of the example problem; the
+#                          GPU benchmarks time the src-method stack this way
+#                          (benchmarks/gpu_run.sh, part "slurm"):
+#     COMMAND='python3 benchmarks/bench_stack.py --modes memory --quimb no \
+#         --workers 2 --scheduler-file "$SCHEDULER_FILE" --merge' \
+#         bash examples/slurm/two_nodes_local.sh /tmp/two-nodes
+#                          Two workers on one GPU (GPUS="0 0") share it: give each
+#                          half, DEVICE_MEMORY_LIMIT=0.35 RMM_POOL_SIZE=0.35
+#                          RMM_MAXIMUM_POOL_SIZE=0.45.
 set -euo pipefail
 
 OUT=${1:?"usage: bash examples/slurm/two_nodes_local.sh OUTDIR"}
@@ -139,8 +149,10 @@ for device in "${DEVICES[@]}"; do   # one "node" each
     i=$((i + 1))
 done
 
-step src-dask generate mpo "$OUT/in/mpo" --sites "$SITES" --seed 1 --overwrite
-step src-dask generate mps "$OUT/in/mps" --sites "$SITES" --bond "$BOND" --seed 2 --overwrite
+if [ -z "${COMMAND:-}" ]; then   # written while the workers start
+    step src-dask generate mpo "$OUT/in/mpo" --sites "$SITES" --seed 1 --overwrite
+    step src-dask generate mps "$OUT/in/mps" --sites "$SITES" --bond "$BOND" --seed 2 --overwrite
+fi
 
 # src-dask run picks the device from the workers it finds: wait for all of them
 WAIT_FOR_WORKERS='
@@ -161,6 +173,11 @@ if ! step python -c "$WAIT_FOR_WORKERS" "$SCHED" "${#DEVICES[@]}"; then
     exit 1
 fi
 
+if [ -n "${COMMAND:-}" ]; then
+    SCHEDULER_FILE=$SCHED step bash -c "$COMMAND"
+    say "done: $COMMAND"
+    exit 0
+fi
 step src-dask run "$OUT/in/mpo" "$OUT/in/mps" --chi-out "$CHI_OUT" --seed 0 \
     --scheduler-file "$SCHED" --store "$OUT/run.zarr" --out "$OUT/y.zarr" \
     --verbose --no-progress
