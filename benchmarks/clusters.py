@@ -42,8 +42,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler-file", type=Path, default=None, metavar="PATH",
                    help="use the workers already started on the scheduler of PATH (as "
                         "under Slurm: examples/slurm/two_nodes_local.sh) instead of "
-                        "starting a cluster; --workers must be how many there are, and the "
-                        "options above are theirs to set")
+                        "starting a cluster; --workers must be how many there are, the "
+                        "options above are theirs to set, and they must import benchmarks/ "
+                        "(PYTHONPATH)")
 
 
 def host_memory() -> int:

@@ -184,8 +184,9 @@ part_slurm() {  # the two-GPU run with workers started as under Slurm
         gpus="0 0"
         share=(DEVICE_MEMORY_LIMIT=0.35 RMM_POOL_SIZE=0.35 RMM_MAXIMUM_POOL_SIZE=0.45)
     fi
+    # the workers run the benchmark's own functions too (spill counters, CPU time)
     run "slurm dm1000" bench_stack_slurm.log env GPUS="$gpus" ${share[@]+"${share[@]}"} \
-        PROTOCOL=ucx COMMAND="timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py \
+        PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" PROTOCOL=ucx COMMAND="timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py \
             --dm 1000 --chi-out 500 --modes memory --quimb no --workdir /tmp/sb1000 \
             --workers 2 --scheduler-file \"\$SCHEDULER_FILE\" --merge \
             --out $OUT/stack_gpu_dm1000_x2.json --transfer-detail $OUT/slurm_dm1000" \
