@@ -74,8 +74,13 @@ if [[ " ${WORKER_CMD[*]} " == *" cuda "* ]]; then
     else
         GPU_OPTS+=(--rmm-async)
     fi
-    if "${WORKER_CMD[@]}" --help 2>/dev/null | grep -q -- --rmm-allocator-external-lib-list; then
-        GPU_OPTS+=(--rmm-allocator-external-lib-list cupy)
+    # every CuPy allocation through RMM: else CuPy's own pool grows beside RMM's, the
+    # device runs out, and UCX moves CuPy's memory by its slow path
+    if "${WORKER_CMD[@]}" --help 2>/dev/null | grep -q -- --set-rmm-allocator-for-libs; then
+        GPU_OPTS+=(--set-rmm-allocator-for-libs cupy)
+    else
+        say "WARNING: this dask-cuda has no --set-rmm-allocator-for-libs: CuPy allocates" \
+            "beside RMM (install src_dask's 'gpu' extra for dask-cuda 26.10)"
     fi
 fi
 if [ "$PROTOCOL" = ucx ]; then
