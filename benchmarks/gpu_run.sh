@@ -24,7 +24,8 @@
 #              (transfer_gpu.json), then TCP at 1 GiB for contrast (transfer_gpu_tcp.json);
 #              bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
 #              and src-method on $SRCM_DEVICES GPUs (default 2) in one run
-#              (stack_gpu_dm1000_x2.json); then D_M=2000/chi_out=1000 the same, its
+#              (stack_gpu_dm1000_x2.json), then part slurm into the same record; then
+#              D_M=2000/chi_out=1000 the same, its
 #              1-worker run first and the rest merged into the
 #              same record (stack_gpu_dm2000_x2.json). Each stack run is limited to
 #              $X2_TIMEOUT s (default 900); ~65 GB of disk for the inputs; about 20 min.
@@ -79,9 +80,13 @@ run() {
     printf '%-16s %4s %8s  %s\n' "$name" "$rc" "$((SECONDS - start))" "$log" >>"$OUT/summary.txt"
 }
 
-part_tests() {
+part_tests() {  # on the first GPU; then, where there are two, the tests that need both
     run tests gpu_tests.log env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -m gpu -v \
         -p no:cacheprovider tests/test_gpu.py ${PYTEST_ARGS:-}
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        run "tests 2 GPUs" gpu_tests.log env CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -m gpu \
+            -v -p no:cacheprovider tests/test_gpu.py -k "two_gpus or over_ucx" ${PYTEST_ARGS:-}
+    fi
 }
 
 part_reference() {
@@ -166,6 +171,7 @@ part_x2() {  # two GPUs: the link, then ours on 1 and 2 workers against src-meth
     stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2} \
         --transfer-detail "$OUT/x2_dm1000"
     timelines "$OUT/x2_dm1000"
+    part_slurm   # the same 2-GPU run, workers started as under Slurm, into the same record
     stack dm2000_x2 2000 1000 --workers 1 "${link[@]}" --no-compare \
         --transfer-detail "$OUT/x2_dm2000"
     # shellcheck disable=SC2086
