@@ -18,16 +18,23 @@ each period into what the workers computed and what they waited for:
 - ``qr``: the QR task itself (on one worker: the whole fused site).
 
 Medians over the sites are printed first, then the sites themselves (``--sites``).
+When pass 2 is split, a second table follows each worker's own chain through a site
+(medians over sites and workers): its steps' spans (``project``, ``sketch``, ``qr``,
+``update``: first start to last end of the step's tasks on that worker) and the gaps
+between them (``>sketch``, ``>qr``, ``>update``, ``>next``: one step's last end to the
+next one's first start there): the waits for the scheduler's round trip and for data.
 Pass 1 is summed up by its pace: the time between the ends of consecutive sites' last
 block.
 
     python benchmarks/timeline.py DIR/tasks_w2_memory.json
     python benchmarks/timeline.py DIR/tasks_w1_memory.json DIR/tasks_w2_memory.json --sites 5
+    python benchmarks/timeline.py benchmarks/results/x2_tasks/dm1000_w2_memory.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import re
@@ -57,6 +64,7 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
     index = {w: i for i, w in enumerate(workers)}
     compute: dict[int, list[tuple[float, float]]] = defaultdict(list)
     steps: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    per_worker: dict[tuple[int, str, int], list[tuple[float, float]]] = defaultdict(list)
     pass1_end: dict[int, float] = {}
     for r in rows:
         w = index.get(r.get("worker"))
@@ -71,6 +79,8 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
             pass1_end[site] = max(pass1_end.get(site, -math.inf), max(b for _, b in spans))
         else:
             steps[site, m[3]].extend(spans)
+            if w is not None:
+                per_worker[site, m[3], w].extend(spans)
     starts = {j: min(a for a, _ in steps[j, "project"]) for j in {s for s, _ in steps}
               if steps.get((j, "project"))}
     sites = []
@@ -93,9 +103,33 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         sites.append(site)
     ends = [pass1_end[j] for j in sorted(pass1_end)]
     pace = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-    return {"workers": workers, "sites": sites,
+    return {"workers": workers, "sites": sites, "chain": _chain(order, workers, per_worker),
             "pass2_s": sum(s["period_s"] for s in sites),
             "pass1_pace_s": statistics.median(pace) if pace else None}
+
+
+CHAIN = ("project", ">sketch", "sketch", ">qr", "qr", ">update", "update", ">next")
+
+
+def _chain(order: list[int], workers: list[str],
+           per_worker: dict[tuple[int, str, int], list[tuple[float, float]]]
+           ) -> dict[str, float]:
+    """Each worker's steps through a site of split pass 2 and the gaps between them
+    (:data:`CHAIN`, seconds), medians over the sites and workers that have them all."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for j, nxt in zip(order, order[1:], strict=False):
+        for w in range(len(workers)):
+            spans = {step: per_worker.get((j, step, w)) for step in CHAIN[::2]}
+            spans["next"] = per_worker.get((nxt, "project", w))
+            if not all(spans.values()):
+                continue
+            first = {k: min(a for a, _ in v) for k, v in spans.items()}
+            last = {k: max(b for _, b in v) for k, v in spans.items()}
+            steps = [*CHAIN[::2], "next"]
+            for step, after in zip(steps, steps[1:], strict=False):
+                values[step].append(last[step] - first[step])
+                values[">" + after].append(first[after] - last[step])
+    return {k: statistics.median(values[k]) for k in CHAIN if values.get(k)}
 
 
 def _medians(sites: list[dict[str, Any]]) -> dict[str, float]:
@@ -118,7 +152,9 @@ def _row(values: dict[str, Any], names: list[str]) -> str:
 
 def report(path: Path, sites_shown: int) -> dict[str, Any]:
     """Print the analysis of one ``tasks_<run>.json``; returns it."""
-    out = analyse(json.loads(Path(path).read_text()))
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text()
+    out = analyse(json.loads(text))
     sites = out["sites"]
     print(f"{path}: {len(out['workers'])} workers, pass 2 {len(sites)} sites, "
           f"{out['pass2_s']:.2f} s from the first site's projection to the last's"
@@ -134,6 +170,10 @@ def report(path: Path, sites_shown: int) -> dict[str, Any]:
     for s in sites[:sites_shown]:
         print(f"{'site ' + str(s['site']):>8} {_row(s, names)}")
     out["medians"] = _medians(sites)
+    if out["chain"]:
+        names = [k for k in CHAIN if k in out["chain"]]
+        print(f"{'':>8} " + " ".join(f"{n:>9}" for n in names))
+        print(f"{'worker':>8} " + " ".join(f"{1000 * out['chain'][n]:7.1f}ms" for n in names))
     return out
 
 

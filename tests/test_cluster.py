@@ -229,6 +229,59 @@ def test_tls_wins_over_ucx(gpus, caplog):
         start(protocol="ucx://", security=Security(require_encryption=True))
 
 
+# -- what Dask's UCX comm waits for ----------------------------------------------------------
+@pytest.fixture
+def fake_ucx_comm(monkeypatch):
+    """A stand-in for distributed-ucxx's comm module (not installed here): its wait."""
+    import types
+
+    comm = types.ModuleType("distributed_ucxx.ucxx")
+
+    def device_sync(stream=None):  # what distributed-ucxx does: cudaDeviceSynchronize
+        comm.device_syncs += 1
+
+    comm.synchronize_stream, comm.device_syncs = device_sync, 0
+    package = types.ModuleType("distributed_ucxx")
+    package.ucxx = comm
+    monkeypatch.setitem(sys.modules, "distributed_ucxx", package)
+    monkeypatch.setitem(sys.modules, "distributed_ucxx.ucxx", comm)
+    return comm
+
+
+def test_ucx_comm_waits_for_the_default_stream_while_runs_want_it(fake_ucx_comm):
+    comm, own = fake_ucx_comm, fake_ucx_comm.synchronize_stream
+    assert C._ucx_sync(1) and comm.synchronize_stream is C._default_stream_sync
+    assert C._ucx_sync(1) and C._ucx_sync(-1)  # two runs at once: the first one ends
+    assert comm.synchronize_stream is C._default_stream_sync
+    assert C._ucx_sync(-1) and comm.synchronize_stream is own  # the last: the comm's own
+    assert C._ucx_sync(-1) and comm.synchronize_stream is own  # never below none
+    assert C._ucx_sync(1) and comm.synchronize_stream is C._default_stream_sync
+    C._ucx_sync(-1)
+    comm.synchronize_stream()
+    assert comm.device_syncs == 1
+
+
+def test_ucx_comm_switch_runs_on_every_worker_and_back(fake_ucx_comm):
+    """In-process workers see the stand-in module; the switch is undone however the
+    block ends, and skipped where the plan said no."""
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        with pytest.raises(RuntimeError, match="stop"), \
+                C.ucx_waits_for_default_stream(client, True):
+            assert fake_ucx_comm._src_dask_runs == 2  # both workers (one process here)
+            assert fake_ucx_comm.synchronize_stream is C._default_stream_sync
+            raise RuntimeError("stop")
+        assert fake_ucx_comm._src_dask_runs == 0
+        assert fake_ucx_comm.synchronize_stream is fake_ucx_comm._src_dask_original_sync
+        with C.ucx_waits_for_default_stream(client, False):
+            assert fake_ucx_comm._src_dask_runs == 0
+
+
+def test_without_distributed_ucxx_there_is_nothing_to_switch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # import fails
+    assert C._ucx_sync(1) is False
+
+
 # -- examples/slurm/two_nodes_local.sh ------------------------------------------------------
 SLURM = Path(__file__).resolve().parent.parent / "examples" / "slurm"
 

@@ -402,6 +402,39 @@ def test_gpu_blocks_move_between_workers_over_ucx(two_gpus):
     assert "Pool" in seen[4] or "pool" in seen[4].lower()
 
 
+def test_split_pass_2_over_ucx_waits_for_the_default_stream_only(two_gpus):
+    """Over UCX the run has Dask's comm wait for the default stream (not the whole
+    device, distributed-ucxx's own wait) while it runs, and puts the comm's wait back
+    after; the cores are the one-GPU ones (nothing was sent before it was complete)."""
+    pytest.importorskip("distributed_ucxx")
+    from distributed import Client
+
+    def state():
+        from distributed_ucxx import ucxx as comm
+
+        from src_dask import _cluster
+
+        return (_cluster.stream_syncs, getattr(comm, "_src_dask_runs", None),
+                comm.synchronize_stream is getattr(comm, "_src_dask_original_sync", None))
+
+    trains = (random_mpo(10, 4, seed=1), random_mpo(10, 3, seed=2),
+              random_mps(10, 48, seed=3))
+    opts = dict(chi_out=64, seed=3, chunk=16)
+    ref = _on("gpu", *trains, **opts)
+    with src_dask.cluster(gpus=2, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert client.scheduler.address.startswith("ucx://")
+        y = src_dask.src(*trains, client=client, **opts)
+        after = client.run(state)
+        with dask.config.set({"src_dask.ucx-sync": "device"}):
+            z = src_dask.src(*trains, client=client, **opts)
+        unchanged = client.run(state)
+    assert all(syncs > 0 and runs == 0 and restored for syncs, runs, restored in after.values())
+    assert {w: v[0] for w, v in unchanged.items()} == {w: v[0] for w, v in after.items()}
+    _same(y, ref)
+    _same(z, ref)
+
+
 def test_saved_trains_are_read_from_their_chunk_files_with_this_zarr(tmp_path, monkeypatch):
     """The GPU machine runs a newer zarr-python than CI (3.4 against 3.1), whose
     classes changed: saved trains must still be read from their chunk files there,

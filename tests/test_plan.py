@@ -98,6 +98,21 @@ def test_keep_inputs_setting_is_checked():
         _plan.keep_inputs(1, 1)
 
 
+def test_ucx_waits_for_the_default_stream_only_on_several_gpu_workers_over_ucx():
+    ucx = ["ucx://127.0.0.1:1", "ucx://127.0.0.1:2"]
+    assert _plan.stream_sync("gpu", ucx)
+    assert not _plan.stream_sync("cpu", ucx)  # no GPU data
+    assert not _plan.stream_sync("gpu", ucx[:1])  # one worker: nothing is sent
+    assert not _plan.stream_sync("gpu", ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"])
+    assert not _plan.stream_sync("gpu", [ucx[0], "tcp://127.0.0.1:2"])
+    assert not _plan.stream_sync("gpu", None)
+    with dask.config.set({"src_dask.ucx-sync": "device"}):
+        assert not _plan.stream_sync("gpu", ucx)
+    with dask.config.set({"src_dask.ucx-sync": "never"}), \
+            pytest.raises(ValueError, match="src_dask.ucx-sync: expected stream or device"):
+        _plan.stream_sync("gpu", ucx)
+
+
 def test_config_defaults_are_visible_to_dask():
     settings = dask.config.get("src_dask")
     assert settings["device"] == "auto" and settings["keep-inputs"] == "auto"

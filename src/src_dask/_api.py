@@ -19,7 +19,7 @@ import dask
 import dask.utils
 
 from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore
-from ._cluster import choose_device, worker_facts
+from ._cluster import choose_device, ucx_waits_for_default_stream, worker_facts
 from ._estimate import RunPlan
 from ._runstore import Progress, RunStore
 from ._stack import Stack, in_graph, make_stack
@@ -279,6 +279,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     with in_graph(stack), \
+            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, workers)), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host)
     if weights is not None:

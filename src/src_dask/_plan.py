@@ -428,6 +428,18 @@ def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
     return all(str(w).startswith("ucx://") for w in workers) if want == "auto" else want
 
 
+def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> bool:
+    """Whether the run has Dask's UCX comm wait for the default stream rather than the
+    whole device (config ``ucx-sync``: ``stream``, the default, or ``device``): on
+    several GPU workers talking UCX, where every task waits for its own kernels
+    (:func:`own_streams`), so nothing Dask sends is still being computed
+    (``_cluster.ucx_waits_for_default_stream`` says why it matters)."""
+    want = config.get_choice("ucx-sync", ("stream", "device"))
+    workers = tuple(workers or ())
+    return (want == "stream" and own_streams(device, workers)
+            and all(str(w).startswith(("ucx://", "ucxx://")) for w in workers))
+
+
 def own_streams(device: str, workers: tuple[str, ...]) -> bool:
     """Whether each task runs its kernels on a non-blocking stream of its thread and
     waits for them before it ends: on several GPU workers. Dask's UCX comm

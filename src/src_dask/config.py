@@ -16,6 +16,7 @@ key                        meaning
 ``projection-block-size``  largest projected core made in one piece
 ``copy-inputs``            ``auto``, ``true`` or ``false``: inputs copied between GPUs
 ``pass2-split``            ``auto``, ``true`` or ``false``: pass 2 split by rows of ``Z``
+``ucx-sync``               ``stream`` or ``device``: what Dask's UCX comm waits for
 =========================  =======================================================
 """
 
