@@ -48,8 +48,12 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
                     "total": run["best_s"], "floor": floor, "quimb": False, "peer": True,
                     "where": where})
                 continue
-            link = "" if run["workers"] == 1 else (" ucx" if "'ucx'" in run["cluster"]
-                                                   else " tcp")
+            if run["workers"] == 1:
+                link = ""
+            elif "started outside" in run["cluster"]:  # --scheduler-file: as under Slurm
+                link = " Slurm-style"
+            else:
+                link = " ucx" if "'ucx'" in run["cluster"] else " tcp"
             gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
             label = f"{when} {gpus}{link}{_variant(run)}"
             out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
