@@ -16,6 +16,7 @@ from helpers import dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _cluster as C
+from src_dask import _plan
 
 
 def test_cluster_without_gpu_is_a_cpu_local_cluster(tmp_path, monkeypatch):
@@ -377,6 +378,37 @@ def test_device_limit_is_read_from_dask_cudas_worker_data():
     assert _device_limit(SimpleNamespace(manager=manager)) == 7 * 2**30
     assert _device_limit({}) is None  # a plain worker's dict: not told
     assert _device_limit(SimpleNamespace(device_buffer={})) is None  # no limit: no spilling
+
+
+def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monkeypatch):
+    """dask-cuda's RMMSetup plugin keeps the pool's maximum (bytes, after its setup):
+    the worker's device memory for the plan is the smaller of that and the GPU's."""
+    from types import SimpleNamespace
+
+    class RMMSetup:  # the name dask_cuda.plugins gives it
+        def __init__(self, maximum):
+            self.maximum_pool_size = maximum
+
+    gpu = 140 * 2**30
+    monkeypatch.setattr(C, "_memory", lambda device, dask_worker=None: gpu)
+
+    def facts(*plugins):
+        worker = SimpleNamespace(plugins={f"p{i}": p for i, p in enumerate(plugins)},
+                                 data={}, memory_manager=None)
+        return C._facts("gpu", dask_worker=worker)
+
+    pool = int(0.9 * gpu)
+    assert facts(RMMSetup(pool))["device_memory"] == pool
+    assert facts(RMMSetup(pool))["device_limit"] == pool  # nothing spills: all it has
+    assert facts(RMMSetup(None))["device_memory"] == gpu  # grows to the whole device
+    assert facts(RMMSetup(2 * gpu))["device_memory"] == gpu
+    assert facts(SimpleNamespace(maximum_pool_size=1))["device_memory"] == gpu  # not RMM's
+    assert facts()["device_memory"] == gpu
+    # the tasks' share shrinks by what the pool cannot give
+    keep = int(0.7 * gpu)
+    whole = _plan.device_task_bytes(gpu, keep, 2 * keep, threads=4)
+    capped = _plan.device_task_bytes(pool, keep, 2 * keep, threads=4)
+    assert whole - capped >= (gpu - pool) * 0.95 / 4
 
 
 def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog):

@@ -333,6 +333,9 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
     device_limit = device_memory = None
     if device == "gpu":
         device_memory = _memory("gpu")
+        pool = _rmm_maximum(dask_worker)
+        if device_memory and pool:  # all the worker's arrays may get
+            device_memory = min(device_memory, pool)
         device_limit = _device_limit(getattr(dask_worker, "data", None)) or device_memory
     return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,
             "available": available,
@@ -366,6 +369,19 @@ def _below_pause(manager: Any, limit: int, rss: int) -> int:
     spill = getattr(manager, "memory_spill_fraction", False)
     settles = min([f for f in (target, spill) if f] or [0.0]) * limit
     return int(max(0.0, pause * limit - max(rss, settles)))
+
+
+def _rmm_maximum(dask_worker: Any) -> int | None:
+    """The most device memory a dask-cuda worker's RMM resource hands out (its pool's
+    ``maximum_pool_size``, or the limit on its async pool), in bytes; None where it
+    may take the whole device. An RMM pool capped at 0.9 of an H200 ran out in pass 2 of
+    a plan that counted the whole device (2026-12-01)."""
+    for plugin in getattr(dask_worker, "plugins", {}).values():
+        if type(plugin).__name__ == "RMMSetup":  # dask_cuda.plugins, after its setup
+            maximum = getattr(plugin, "maximum_pool_size", None)
+            if isinstance(maximum, int) and maximum > 0:
+                return maximum
+    return None
 
 
 def _memory(device: str, dask_worker: Any = None) -> int | None:
