@@ -24,8 +24,8 @@ TARGET_S = {(dm, chi): t.bound for (device, dm, chi), targets in STACK_TARGETS.i
 
 
 def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
-    """Per problem size, one bar per timed run: label, pass 1, the rest, floor, whether
-    it is quimb's."""
+    """Per problem size, one bar per timed run: label, pass 1, the rest, the FLOP floor
+    on the GPUs it used, how many, whether it is quimb's."""
     out: dict[tuple[int, int], list[dict]] = {}
     for rec in sorted(records, key=lambda r: r["date"]):
         size = (rec["problem"]["dm"], rec["problem"]["chi_out"])
@@ -36,7 +36,7 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
         if "best_s" in quimb:
             out.setdefault(size, []).append({"label": f"{when} quimb src", "pass1": 0.0,
                                              "total": quimb["best_s"], "floor": floor,
-                                             "quimb": True, "where": where})
+                                             "quimb": True, "where": where, "gpus": 1})
         for run in rec["runs"].values():
             if "best_s" not in run:
                 continue
@@ -45,8 +45,8 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
                 gpus = f"{run['devices']} GPU" + ("s" if run["devices"] > 1 else "")
                 out.setdefault(size, []).append({
                     "label": f"{when} src-method {gpus}", "pass1": min(pass1, run["best_s"]),
-                    "total": run["best_s"], "floor": floor, "quimb": False, "peer": True,
-                    "where": where})
+                    "total": run["best_s"], "floor": floor / run["devices"], "quimb": False,
+                    "peer": True, "where": where, "gpus": run["devices"]})
                 continue
             if run["workers"] == 1:
                 link = ""
@@ -56,9 +56,11 @@ def bars(records: list[dict]) -> dict[tuple[int, int], list[dict]]:
                 link = " ucx" if "'ucx'" in run["cluster"] else " tcp"
             gpus = f"{run['workers']} GPU" + ("s" if run["workers"] > 1 else "")
             label = f"{when} {gpus}{link}{_variant(run)}"
+            # workers standing in for GPUs on one share its GEMM rate
+            devices = 1 if "sharing one GPU" in run["cluster"] else run["workers"]
             out.setdefault(size, []).append({"label": label, "pass1": min(pass1, run["best_s"]),
-                                             "total": run["best_s"], "floor": floor,
-                                             "quimb": False, "where": where})
+                                             "total": run["best_s"], "floor": floor / devices,
+                                             "quimb": False, "where": where, "gpus": devices})
     return out
 
 
@@ -90,7 +92,10 @@ def plot(records: list[dict], path: Path) -> None:
                        for r in runs],
                 label="pass 2 and the rest (grey: quimb's whole run; green: src-method)")
         ax.set_yticks(list(y), [r["label"] for r in runs])
-        ax.axvline(runs[-1]["floor"], color="k", ls=":", label="FLOP floor at the GEMM rate")
+        for (gpus, floor), style in zip(sorted({(r["gpus"], r["floor"]) for r in runs}),
+                                        (":", "-.", "--", "-"), strict=False):
+            ax.axvline(floor, color="k", ls=style, lw=1,
+                       label=f"FLOP floor at the GEMM rate, {gpus} GPU" + "s" * (gpus > 1))
         if size in TARGET_S:
             ax.axvline(TARGET_S[size], color="tab:red", ls="--", label="target")
         longest = max(r["total"] for r in runs)
