@@ -442,12 +442,12 @@ def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> boo
 
 def own_streams(device: str, workers: tuple[str, ...]) -> bool:
     """Whether each task runs its kernels on a non-blocking stream of its thread and
-    waits for them before it ends: on several GPU workers. Dask's UCX comm
-    synchronizes the default stream before it sends GPU data, on the worker's event
-    loop, so with kernels queued there every transfer (and every message of that
-    worker meanwhile) would wait for the whole queue of its GPU; kernels on
+    waits for them before it ends: on several GPU workers. Dask's UCX comm waits
+    before it sends GPU data and after it receives them, on the worker's event loop;
+    where that wait is for the default stream (:func:`stream_sync`), kernels on
     non-blocking streams are not waited for, and a task's result is complete when
-    it ends. One GPU keeps tasks that only queue kernels (nothing is sent)."""
+    it ends, so nothing is sent half made. One GPU keeps tasks that only queue
+    kernels (nothing is sent)."""
     return device == "gpu" and len(workers) > 1
 
 
