@@ -29,6 +29,7 @@
 #              the same record (stack_gpu_dm2000_x2.json); then bench_transfer.py over UCX
 #              with an RMM pool, 1 and 4 GiB blocks, warm-up (IPC mapping) apart
 #              (transfer_gpu.json), and TCP at 1 GiB for contrast (transfer_gpu_tcp.json).
+#              SRCM_DM2000="" skips src-method at D_M=2000 (its time of 2026-12-01 stands).
 #              Each stack run is limited to $X2_TIMEOUT s (default 900); ~65 GB of disk for
 #              the inputs; about 20 min. Every run's transfers and task timeline go to
 #              $OUT/x2_dm1000* and x2_dm2000, and timeline.py's tables to timeline.log
@@ -174,9 +175,11 @@ part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the li
         "${link[@]}" --no-compare --transfer-detail "$OUT/x2_dm1000_devicesync"
     timelines "$OUT/x2_dm1000_devicesync"
     part_slurm   # the same 2-GPU run, workers started as under Slurm, into the same record
+    # SRCM_DM2000="" leaves src-method out here (3.5 minutes with reading its inputs)
+    local srcm2000=${SRCM_DM2000-${SRCM_DEVICES:-2}}
     # shellcheck disable=SC2086
     stack dm2000_x2 2000 1000 --workers 2 "${link[@]}" --no-compare \
-        --src-method-devices ${SRCM_DEVICES:-2} --transfer-detail "$OUT/x2_dm2000"
+        ${srcm2000:+--src-method-devices $srcm2000} --transfer-detail "$OUT/x2_dm2000"
     timelines "$OUT/x2_dm2000"
     # one GPU with src_dask.cluster(gpus=1)'s own allocator (RMM's async): with a classic
     # pool capped at 0.9 of the device, pass 2 ran out of it at site 46 (2026-12-01)
