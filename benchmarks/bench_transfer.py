@@ -17,6 +17,8 @@ it).
 
     python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
     python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
+    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
+        --ucx-sync device stream   # while both GPUs compute: the comm's two waits
     python benchmarks/bench_transfer.py --scheduler-file sched.json  # workers already up:
         # dask scheduler --protocol ucx --scheduler-file sched.json &
         # dask cuda worker --scheduler-file sched.json --rmm-pool-size 16GB &
@@ -41,11 +43,40 @@ def _make(nbytes: int):
 
 
 def _touch(x) -> float:
+    """Reads the block's last element on this thread's stream (not waiting for the
+    whole device: ``--busy`` keeps it computing)."""
     import cupy
 
     value = float(x[-1].real.get())
-    cupy.cuda.Device().synchronize()
+    cupy.cuda.get_current_stream().synchronize()
     return value
+
+
+#: What ``_busy`` queued, kept alive until the next call (the kernels still use it).
+_queued: list = []
+
+
+def _busy(seconds: float) -> int:
+    """Queues about ``seconds`` of complex128 GEMMs on a non-blocking stream of this
+    worker's GPU and returns at once, as src_dask's tasks keep a GPU busy while Dask
+    moves data; the number of GEMMs queued."""
+    import cupy
+
+    _queued.clear()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cupy.ones((4096, 4096), dtype=cupy.complex128)
+        b = a @ a  # cuBLAS's first call sets it up: not timed
+        stream.synchronize()
+        t0 = time.perf_counter()
+        b = a @ a
+        stream.synchronize()
+        one = max(time.perf_counter() - t0, 1e-4)
+        count = max(1, int(seconds / one))
+        for _ in range(count):
+            b = a @ a
+    _queued.extend([stream, a, b])
+    return count
 
 
 def _peer_access() -> dict:
@@ -56,10 +87,12 @@ def _peer_access() -> dict:
             for a in range(n) for b in range(n) if a != b}
 
 
-def transfers(client, sizes: list[int], repeats: int) -> list[dict]:
+def transfers(client, sizes: list[int], repeats: int, busy: float = 0.0) -> list[dict]:
     """Per size in ``sizes`` (bytes), from the first worker to the second of ``client``:
     one warm-up transfer, then ``repeats`` timed ones; each block is made anew on the
-    sender (``pure=False``), so no transfer finds the block already there."""
+    sender (``pure=False``), so no transfer finds the block already there. ``busy``:
+    both GPUs get that many seconds of GEMMs queued on a stream of their own before
+    each transfer."""
     from distributed import wait
 
     w0, w1 = sorted(client.scheduler_info()["workers"])[:2]
@@ -69,6 +102,8 @@ def transfers(client, sizes: list[int], repeats: int) -> list[dict]:
         for r in range(repeats + 1):
             x = client.submit(_make, nbytes + r * 16, workers=[w0], pure=False)
             wait(x)
+            if busy:
+                client.run(_busy, busy, workers=[w0, w1])
             t0 = time.perf_counter()
             client.submit(_touch, x, workers=[w1], allow_other_workers=False).result()
             times.append(time.perf_counter() - t0)
@@ -97,19 +132,29 @@ def _link_seconds(key, dask_worker=None) -> float | None:
     return None
 
 
-def measure(protocol: str, rmm: str, sizes: list[int], repeats: int) -> list[dict]:
-    """:func:`transfers` on a fresh ``src_dask.cluster(gpus=2)`` (its start not timed)."""
+def measure(protocol: str, rmm: str, sizes: list[int], repeats: int, busy: float = 0.0,
+            syncs: tuple[str, ...] = ("device",)) -> list[dict]:
+    """:func:`transfers` on a fresh ``src_dask.cluster(gpus=2)`` (its start not timed),
+    once per wait of Dask's UCX comm in ``syncs``: ``device`` (distributed-ucxx's own,
+    the whole device) or ``stream`` (the default stream, as src_dask sets it during a
+    run: ``src_dask._cluster.ucx_waits_for_default_stream``)."""
     from clusters import rmm_options
     from distributed import Client
 
     import src_dask
+    from src_dask._cluster import ucx_waits_for_default_stream
 
     options = rmm_options(rmm)
+    out = []
     with src_dask.cluster(gpus=2, protocol=protocol, dashboard_address=":0",
                           **options) as cluster, Client(cluster) as client:
         what = f"src_dask.cluster(gpus=2, protocol={protocol!r}, {options})"
-        return [{"protocol": protocol, "rmm": rmm, "cluster": what, **e}
-                for e in transfers(client, sizes, repeats)]
+        for sync in syncs if protocol == "ucx" else ("device",):
+            with ucx_waits_for_default_stream(client, sync == "stream"):
+                out += [{"protocol": protocol, "rmm": rmm, "cluster": what, "busy_s": busy,
+                         "ucx_sync": sync if protocol == "ucx" else None, **e}
+                        for e in transfers(client, sizes, repeats, busy)]
+    return out
 
 
 def measure_external(scheduler_file: Path, sizes: list[int], repeats: int) -> list[dict]:
@@ -145,6 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rmm", nargs="+", choices=("async", "pool"), default=["async"])
     p.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0],
                    help="block sizes in GiB, in order (default 1 4)")
+    p.add_argument("--busy", type=float, default=0.0, metavar="S",
+                   help="before each transfer, queue about S seconds of GEMMs on both GPUs "
+                        "(a stream of their own), as a run keeps them computing (default 0)")
+    p.add_argument("--ucx-sync", nargs="+", choices=("device", "stream"), default=["device"],
+                   help="what Dask's UCX comm waits for before sending and after receiving: "
+                        "the whole device (distributed-ucxx's own) and/or the default stream "
+                        "(as src_dask sets it during a run); each one measured")
     p.add_argument("--scheduler-file", type=Path, default=None, metavar="PATH",
                    help="measure between the first two workers of the cluster whose "
                         "scheduler wrote PATH (e.g. dask cuda worker processes) instead "
@@ -167,12 +219,14 @@ def main(argv: list[str] | None = None) -> None:
             if args.scheduler_file:
                 record["runs"] += measure_external(args.scheduler_file, sizes, args.repeats)
             else:
-                record["runs"] += measure(protocol, rmm, sizes, args.repeats)
+                record["runs"] += measure(protocol, rmm, sizes, args.repeats, args.busy,
+                                          tuple(args.ucx_sync))
         except Exception as e:  # noqa: BLE001 - one failing still reports the others
             record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
-    print_table(["protocol", "rmm", "GiB", "warm-up s", "mapping s", "best GB/s",
-                 "link GB/s", "seconds", "error"],
-                [[r["protocol"], r["rmm"], cell(r.get("gib"), ".0f"),
+    print_table(["protocol", "rmm", "sync", "busy s", "GiB", "warm-up s", "mapping s",
+                 "best GB/s", "link GB/s", "seconds", "error"],
+                [[r["protocol"], r["rmm"], r.get("ucx_sync") or "-",
+                  cell(r.get("busy_s"), ".1f"), cell(r.get("gib"), ".0f"),
                   cell(r.get("warmup_s"), ".3f"), cell(r.get("mapping_s"), ".3f"),
                   cell(r.get("best_GBps"), ".2f"), cell(r.get("link_best_GBps"), ".2f"),
                   " ".join(f"{t:.3f}" for t in r.get("seconds", [])), r.get("error", "")]
@@ -182,8 +236,10 @@ def main(argv: list[str] | None = None) -> None:
                  "excess over the best timed one; best and seconds: the "
                  f"{args.repeats} timed transfers after it, from submitting the task that "
                  "needs the block to its result on the client; link: the dependency's "
-                 "transfer alone, from the receiving worker's transfer log. Peer access: "
-                 f"{record['peer_access']}"], align="llrrrrrll")
+                 "transfer alone, from the receiving worker's transfer log; sync: what "
+                 "Dask's UCX comm waits for (device: all kernels of the GPU; stream: its "
+                 "default stream); busy: seconds of GEMMs queued on both GPUs before each "
+                 f"transfer. Peer access: {record['peer_access']}"], align="lllrrrrrrll")
     record.write(output_path(args.out, "transfer_gpu.json"))
 
 

@@ -20,7 +20,9 @@
 #              GPUs over the fastest link; needs the UCX wheels and stack1's inputs
 #   kernels    profile_kernels.py: one site's kernels against their FLOP floor
 #   x2         the two-GPU comparison (nvidia-h200-x2), most telling first:
-#              bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
+#              bench_transfer.py at 1 GiB while both GPUs compute, with Dask's UCX comm
+#              waiting for the whole device and for the default stream
+#              (transfer_gpu_busy.json); bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
 #              and src-method on $SRCM_DEVICES GPUs (default 2) in one run
 #              (stack_gpu_dm1000_x2.json); 2 workers again with Dask's UCX comm waiting
 #              for the whole device (src_dask config ucx-sync=device;
@@ -165,6 +167,10 @@ timelines() {  # timelines DIR: pass 2's sites of every run whose tasks DIR hold
 
 part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the link
     local STACK_TIMEOUT=${X2_TIMEOUT:-900} link=(--protocol ucx --rmm pool)
+    # 1 GiB while both GPUs compute, with the UCX comm's two waits (half a minute)
+    run "transfer busy" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
+        --protocol ucx --rmm pool --gib 1 --busy 1 --ucx-sync device stream \
+        --out "$OUT/transfer_gpu_busy.json"
     # shellcheck disable=SC2086  # SRCM_DEVICES may list several counts
     stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2} \
         --transfer-detail "$OUT/x2_dm1000"
