@@ -246,3 +246,14 @@ def test_timeline_splits_each_site_into_work_and_waits(tmp_path, capsys):
         assert abs(s["busy_w0"] - 0.7) < 1e-12 and abs(s["busy_w1"] - 0.8) < 1e-12
     assert out["pass1_pace_s"] == 3.0
     assert "2 workers, pass 2 2 sites" in stdout and "median" in stdout
+    # each worker's chain through a site: its steps' spans and the gaps between them
+    assert out["chain"] == {"project": 3.5, ">sketch": 0.0, "sketch": 2.0, ">qr": 1.75,
+                            "qr": 1.0, ">update": 0.0, "update": 1.0, ">next": 0.75}
+    assert ">sketch" in stdout and "worker" in stdout
+    # gzip'd timelines (as benchmarks/results/x2_tasks keeps them) read the same
+    import gzip
+
+    packed = tmp_path / "tasks_w2_memory.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    (again,), _ = _main("timeline", str(packed), capsys=capsys)
+    assert again["chain"] == out["chain"] and again["pass2_s"] == out["pass2_s"]
