@@ -143,7 +143,9 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
     return limit, None
 
 
-def _is_ucx(protocol: str | None) -> bool:
+def is_ucx(protocol: str | None) -> bool:
+    """Whether ``protocol`` (``"ucx"``, or an address such as ``"ucx://host:port"``)
+    is Dask's UCX comm."""
     return protocol is not None and protocol.split("://")[0] in ("ucx", "ucxx")
 
 
@@ -215,7 +217,7 @@ def _transport(workers: int, protocol: str | None, security: Any, device_memory_
     choice, tcp or tls); sets the RMM options into ``kwargs`` (what the caller put
     there stays). See :func:`cluster`."""
     tls = bool(security.require_encryption)
-    if _is_ucx(protocol) and tls:
+    if is_ucx(protocol) and tls:
         raise ValueError(f"cluster: protocol={protocol!r} cannot encrypt, but security "
                          "requires encryption: use protocol='tls' (or a Security without "
                          "require_encryption)")
@@ -247,7 +249,7 @@ def _transport(workers: int, protocol: str | None, security: Any, device_memory_
                  rmm_missing)
         return protocol
     kwargs.setdefault("rmm_allocator_external_lib_list", ["cupy"])
-    if _is_ucx(protocol) and kwargs.get("rmm_async") is not True \
+    if is_ucx(protocol) and kwargs.get("rmm_async") is not True \
             and not kwargs.get("rmm_managed_memory"):
         kwargs.setdefault("rmm_async", False)
         if "rmm_pool_size" not in kwargs:

@@ -18,6 +18,7 @@ from typing import Any
 import dask.utils
 
 from . import config
+from ._cluster import is_ucx
 from ._stack import Stack
 
 log = logging.getLogger("src_dask")
@@ -425,7 +426,12 @@ def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
     want = config.get_choice("copy-inputs", ("auto", True, False))
     if device != "gpu" or len(workers) < 2:
         return False
-    return all(str(w).startswith("ucx://") for w in workers) if want == "auto" else want
+    return _over_ucx(workers) if want == "auto" else want
+
+
+def _over_ucx(workers: tuple[str, ...]) -> bool:
+    """Whether Dask's comm between ``workers`` is UCX (their addresses say)."""
+    return bool(workers) and all(is_ucx(str(w)) for w in workers)
 
 
 def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> bool:
@@ -436,8 +442,7 @@ def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> boo
     (``_cluster.ucx_waits_for_default_stream`` says why it matters)."""
     want = config.get_choice("ucx-sync", ("stream", "device"))
     workers = tuple(workers or ())
-    return (want == "stream" and own_streams(device, workers)
-            and all(str(w).startswith(("ucx://", "ucxx://")) for w in workers))
+    return want == "stream" and own_streams(device, workers) and _over_ucx(workers)
 
 
 def own_streams(device: str, workers: tuple[str, ...]) -> bool:
