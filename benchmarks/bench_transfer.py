@@ -132,33 +132,42 @@ def _link_seconds(key, dask_worker=None) -> float | None:
     return None
 
 
+def _each_sync(client, protocol: str, sizes: list[int], repeats: int, busy: float,
+               syncs: tuple[str, ...]) -> list[dict]:
+    """:func:`transfers` once per wait of Dask's UCX comm in ``syncs``: ``device``
+    (distributed-ucxx's own, the whole device) or ``stream`` (the default stream, as
+    src_dask sets it during a run: ``src_dask._cluster.ucx_waits_for_default_stream``);
+    over another protocol once."""
+    from src_dask._cluster import ucx_waits_for_default_stream
+
+    out = []
+    for sync in syncs if protocol == "ucx" else ("device",):
+        with ucx_waits_for_default_stream(client, sync == "stream"):
+            out += [{"busy_s": busy, "ucx_sync": sync if protocol == "ucx" else None, **e}
+                    for e in transfers(client, sizes, repeats, busy)]
+    return out
+
+
 def measure(protocol: str, rmm: str, sizes: list[int], repeats: int, busy: float = 0.0,
             syncs: tuple[str, ...] = ("device",)) -> list[dict]:
-    """:func:`transfers` on a fresh ``src_dask.cluster(gpus=2)`` (its start not timed),
-    once per wait of Dask's UCX comm in ``syncs``: ``device`` (distributed-ucxx's own,
-    the whole device) or ``stream`` (the default stream, as src_dask sets it during a
-    run: ``src_dask._cluster.ucx_waits_for_default_stream``)."""
+    """:func:`_each_sync` on a fresh ``src_dask.cluster(gpus=2)`` (its start not timed)."""
     from clusters import rmm_options
     from distributed import Client
 
     import src_dask
-    from src_dask._cluster import ucx_waits_for_default_stream
 
     options = rmm_options(rmm)
-    out = []
     with src_dask.cluster(gpus=2, protocol=protocol, dashboard_address=":0",
                           **options) as cluster, Client(cluster) as client:
         what = f"src_dask.cluster(gpus=2, protocol={protocol!r}, {options})"
-        for sync in syncs if protocol == "ucx" else ("device",):
-            with ucx_waits_for_default_stream(client, sync == "stream"):
-                out += [{"protocol": protocol, "rmm": rmm, "cluster": what, "busy_s": busy,
-                         "ucx_sync": sync if protocol == "ucx" else None, **e}
-                        for e in transfers(client, sizes, repeats, busy)]
-    return out
+        return [{"protocol": protocol, "rmm": rmm, "cluster": what, **e}
+                for e in _each_sync(client, protocol, sizes, repeats, busy, syncs)]
 
 
-def measure_external(scheduler_file: Path, sizes: list[int], repeats: int) -> list[dict]:
-    """:func:`transfers` between the first two workers of a running cluster."""
+def measure_external(scheduler_file: Path, sizes: list[int], repeats: int,
+                     busy: float = 0.0, syncs: tuple[str, ...] = ("device",)) -> list[dict]:
+    """:func:`_each_sync` between the first two workers of a running cluster (two
+    workers sharing one GPU stand in for two GPUs on a one-GPU machine)."""
     from distributed import Client
 
     with Client(scheduler_file=str(scheduler_file)) as client:
@@ -167,7 +176,7 @@ def measure_external(scheduler_file: Path, sizes: list[int], repeats: int) -> li
         what = f"scheduler file {scheduler_file}: {len(client.scheduler_info()['workers'])} " \
                "workers started outside"
         return [{"protocol": protocol, "rmm": "as started", "cluster": what, **e}
-                for e in transfers(client, sizes, repeats)]
+                for e in _each_sync(client, protocol, sizes, repeats, busy, syncs)]
 
 
 def best(path: Path) -> str:
@@ -217,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     for protocol, rmm in configs:
         try:
             if args.scheduler_file:
-                record["runs"] += measure_external(args.scheduler_file, sizes, args.repeats)
+                record["runs"] += measure_external(args.scheduler_file, sizes, args.repeats,
+                                                   args.busy, tuple(args.ucx_sync))
             else:
                 record["runs"] += measure(protocol, rmm, sizes, args.repeats, args.busy,
                                           tuple(args.ucx_sync))

@@ -40,6 +40,12 @@
 #              per GPU, UCX with RMM pools) runs bench_stack.py --scheduler-file, whose
 #              run w2_memory_schedfile joins stack_gpu_dm1000_x2.json (after x2; on a
 #              one-GPU machine the two workers share it); ~3 min
+#   standin    two workers sharing one GPU (the one-H200 machine), started as under Slurm
+#              with half of its memory each, over UCX: bench_transfer.py at 1 GiB while
+#              both compute, then the D_M=1000 stack, each with Dask's UCX comm waiting
+#              for the default stream (src_dask's run) and for the whole device (config
+#              ucx-sync=device); transfer_standin_<sync>.json, stack_gpu_dm1000_standin_
+#              <sync>.json, timelines in standin_<sync>/; ~4 min with the inputs' writing
 #   xfer       what holds the transfers up inside a run (nvidia-h200-x2): bench_stack.py
 #              D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool), every transfer
 #              and the event loops' stalls (stack_gpu_dm1000_xfer.json, its `transfers`
@@ -50,7 +56,7 @@
 # Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS (STACK_TIMEOUT: seconds per stack run
 # of the other parts, default 420).
 set -uo pipefail
-parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2 slurm xfer"
+parts="tests reference mpo mpo1000 overhead stack1 stackq stack2 kernels x2 slurm standin xfer"
 for part in ${PART:-tests reference}; do
     case " $parts " in
     *" $part "*) ;;
@@ -215,6 +221,25 @@ part_slurm() {  # the two-GPU run with workers started as under Slurm
             --out $OUT/stack_gpu_dm1000_x2.json --transfer-detail $OUT/slurm_dm1000" \
         bash examples/slurm/two_nodes_local.sh "$OUT/slurm"
     timelines "$OUT/slurm_dm1000"
+}
+
+part_standin() {  # two workers on one GPU: the UCX comm's two waits, link and stack
+    local sync
+    for sync in stream device; do
+        # shellcheck disable=SC2016  # $SCHEDULER_FILE is the example's, set for COMMAND
+        run "standin $sync" bench_stack_standin.log env GPUS="0 0" DEVICE_MEMORY_LIMIT=0.35 \
+            RMM_POOL_SIZE=0.35 RMM_MAXIMUM_POOL_SIZE=0.45 DASK_SRC_DASK__UCX_SYNC=$sync \
+            PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" PROTOCOL=ucx COMMAND="timeout 300 \
+            python3 benchmarks/bench_transfer.py --scheduler-file \"\$SCHEDULER_FILE\" \
+                --gib 1 --busy 1 --ucx-sync $sync --out $OUT/transfer_standin_$sync.json; \
+            timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py --dm 1000 \
+                --chi-out 500 --modes memory --quimb no --workdir /tmp/sb1000 --workers 2 \
+                --scheduler-file \"\$SCHEDULER_FILE\" --no-compare \
+                --out $OUT/stack_gpu_dm1000_standin_$sync.json \
+                --transfer-detail $OUT/standin_$sync" \
+            bash examples/slurm/two_nodes_local.sh "$OUT/standin"
+        timelines "$OUT/standin_$sync"
+    done
 }
 
 part_xfer() {  # two GPUs: every transfer of the 2-worker run, and the event loops

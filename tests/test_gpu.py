@@ -436,18 +436,20 @@ def test_split_pass_2_over_ucx_waits_for_the_default_stream_only(two_gpus):
 
 
 def test_plan_counts_no_more_device_than_the_rmm_pool_may_take():
-    """A worker whose RMM pool may grow to 0.6 of the GPU has 0.6 of it for the plan."""
-    import cupy
+    """A worker whose RMM pool may grow to 0.6 of the GPU has 0.6 of it for the plan
+    (of the GPU's memory as dask-cuda counts it, NVML's total: 0.4 % more than CUDA's
+    on an H200)."""
+    from dask_cuda.utils import get_device_total_memory
     from distributed import Client
 
     from src_dask._cluster import worker_facts
 
-    total = cupy.cuda.Device().mem_info[1]
+    total = get_device_total_memory(0)
     with src_dask.cluster(gpus=1, rmm_async=False, rmm_pool_size=0.5,
                           rmm_maximum_pool_size=0.6, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         facts = worker_facts(client, "gpu")
-    assert 0.55 * total < facts.device_memory <= 0.6 * total + 2**20
+    assert abs(facts.device_memory - 0.6 * total) <= 2**20
 
 
 def test_saved_trains_are_read_from_their_chunk_files_with_this_zarr(tmp_path, monkeypatch):
