@@ -477,14 +477,17 @@ def test_a_damaged_chunk_file_is_an_error_read_either_way(tmp_path, how, direct)
         _integrity.read(zarr.open_group(tmp_path / "g", mode="r")["a"], what="the a")
 
 
-def test_checksums_are_taken_a_few_megabytes_a_call(monkeypatch):
-    """A chunk's CRC32C is the same taken in steps, and no step is larger than
-    _CRC_STEP: google_crc32c holds the GIL for a whole call, which stalled a worker's
-    event loop and its other threads for ~60 ms per 256 MB core."""
+def test_without_the_crc32c_package_checksums_are_taken_a_few_megabytes_a_call(
+        monkeypatch):
+    """Without the ``crc32c`` package a chunk's CRC32C comes from google_crc32c, in
+    steps no larger than _CRC_STEP, with the same value: google_crc32c holds the GIL
+    for a whole call, which stalled a worker's event loop and its other threads for
+    ~60 ms per 256 MB core."""
     import google_crc32c
 
     steps = []
     real = google_crc32c.extend
+    monkeypatch.setattr(_integrity, "_crc32c_gil_free", lambda: None)
     monkeypatch.setattr(google_crc32c, "extend",
                         lambda crc, b: steps.append(b.size) or real(crc, b))
     monkeypatch.setattr(_integrity, "_CRC_STEP", 1000)
@@ -496,3 +499,39 @@ def test_checksums_are_taken_a_few_megabytes_a_call(monkeypatch):
         assert len(steps) == -(-n // 1000) and all(0 < s <= 1000 for s in steps)
     x = rng.standard_normal((3, 5, 7)) + 1j * rng.standard_normal((3, 5, 7))
     assert _integrity._crc32c(x) == google_crc32c.value(x.tobytes())
+
+
+def test_the_crc32c_package_gives_zarrs_checksums_and_lets_other_threads_run(monkeypatch):
+    """Where the ``crc32c`` package is installed (the gpu and test extras) it takes the
+    checksums: the values Zarr's codec writes (google_crc32c's), for any length and
+    dtype, while it lets go of the GIL (a thread that only counts keeps counting through
+    a checksum of 256 MB in one call, where google_crc32c's would hold it throughout)."""
+    import threading
+    import time
+
+    import google_crc32c
+
+    pytest.importorskip("crc32c")
+    assert _integrity._crc32c_gil_free() is not None
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 31, 32 << 10, (32 << 10) + 3, 100_001):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        assert _integrity._crc32c(data) == google_crc32c.value(data.tobytes())
+    x = rng.standard_normal((3, 5, 7)) + 1j * rng.standard_normal((3, 5, 7))
+    assert _integrity._crc32c(x) == google_crc32c.value(x.tobytes())
+
+    monkeypatch.setattr(_integrity, "_CRC_STEP", 1 << 40)  # google_crc32c: one call
+    big = rng.integers(0, 256, 256 << 20, dtype=np.uint8)
+    ticks, done = [], threading.Event()
+    counter = threading.Thread(target=lambda: [ticks.append(1) or time.sleep(1e-4)
+                                               for _ in iter(done.is_set, True)])
+    counter.start()
+    try:
+        time.sleep(0.01)
+        before = len(ticks)
+        _integrity._crc32c(big)
+        during = len(ticks) - before
+    finally:
+        done.set()
+        counter.join()
+    assert during >= 4  # google_crc32c's: 0 or 1

@@ -208,17 +208,33 @@ def _read_files(arr: Any, what: str, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-#: Bytes checksummed per call: google_crc32c holds the GIL while it runs (~60 ms for a
-#: 256 MB core at 4 GB/s), which stalled the worker's event loop and the threads
-#: launching kernels; a few MB a call lets them in between.
+#: Bytes checksummed per call by google_crc32c, which holds the GIL while it runs (~60 ms
+#: for a 256 MB core at 4 GB/s): a few MB a call let the worker's event loop and the
+#: threads launching kernels in between.
 _CRC_STEP = 4 << 20
 
 
+def _crc32c_gil_free() -> Any:
+    """``crc32c.crc32c`` where the ``crc32c`` package is installed (the ``gpu`` extra):
+    it releases the GIL while it checksums, so a worker's reading threads check their
+    chunks side by side; None otherwise (google_crc32c, which Zarr brings, holds it:
+    one thread's checksum at a time, 3 s of every pass 1 over 12 GB of inputs)."""
+    try:
+        from crc32c import crc32c
+    except ImportError:
+        return None
+    return crc32c
+
+
 def _crc32c(data: np.ndarray) -> int:
-    """The CRC32C of ``data``'s bytes, in steps of :data:`_CRC_STEP`."""
+    """The CRC32C of ``data``'s bytes."""
+    flat = data.reshape(-1).view(np.uint8)
+    gil_free = _crc32c_gil_free()
+    if gil_free is not None:
+        return int(gil_free(flat))
     import google_crc32c
 
-    flat, crc = data.reshape(-1).view(np.uint8), 0
+    crc = 0
     for start in range(0, flat.size, _CRC_STEP):
         crc = google_crc32c.extend(crc, flat[start:start + _CRC_STEP])
     return crc
