@@ -22,19 +22,20 @@
 #   x2         the two-GPU comparison (nvidia-h200-x2), most telling first:
 #              bench_transfer.py at 1 GiB while both GPUs compute, with Dask's UCX comm
 #              waiting for the whole device and for the default stream
-#              (transfer_gpu_busy.json); bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU workers (UCX, RMM pool)
-#              and src-method on $SRCM_DEVICES GPUs (default 2) in one run
-#              (stack_gpu_dm1000_x2.json); 2 workers again with Dask's UCX comm waiting
-#              for the whole device (src_dask config ucx-sync=device;
+#              (transfer_gpu_busy.json); bench_stack.py D_M=1000/chi_out=500 on 1 and 2 GPU
+#              workers (UCX, RMM pool) and src-method on $SRCM_DEVICES GPUs (default 2) in
+#              one run (stack_gpu_dm1000_x2.json); D_M=2000/chi_out=1000 on 2 workers and
+#              src-method, then 1 worker merged into the same record
+#              (stack_gpu_dm2000_x2.json); then D_M=1000 on 2 workers again with Dask's UCX
+#              comm waiting for the whole device (src_dask config ucx-sync=device;
 #              stack_gpu_dm1000_x2_devicesync.json); part slurm into the first record;
-#              D_M=2000/chi_out=1000 on 2 workers and src-method, then 1 worker merged into
-#              the same record (stack_gpu_dm2000_x2.json); then bench_transfer.py over UCX
-#              with an RMM pool, 1 and 4 GiB blocks, warm-up (IPC mapping) apart
-#              (transfer_gpu.json), and TCP at 1 GiB for contrast (transfer_gpu_tcp.json).
-#              SRCM_DM2000="" skips src-method at D_M=2000 (its time of 2026-12-01 stands).
-#              Each stack run is limited to $X2_TIMEOUT s (default 900); ~65 GB of disk for
-#              the inputs; about 20 min. Every run's transfers and task timeline go to
-#              $OUT/x2_dm1000* and x2_dm2000, and timeline.py's tables to timeline.log
+#              bench_transfer.py over UCX with an RMM pool, 1 and 4 GiB blocks, warm-up
+#              (IPC mapping) apart (transfer_gpu.json), and TCP at 1 GiB for contrast
+#              (transfer_gpu_tcp.json). SRCM_DM2000="" skips src-method at D_M=2000 (its
+#              time of 2026-12-01 stands). Each stack run is limited to $X2_TIMEOUT s
+#              (default 900); ~65 GB of disk for the inputs; about 20 min. Every run's
+#              transfers and task timeline go to $OUT/x2_dm1000* and x2_dm2000, and
+#              timeline.py's tables to timeline.log
 #   slurm      the D_M=1000 stack on 2 GPUs with workers started as under Slurm:
 #              examples/slurm/two_nodes_local.sh (scheduler file, one `dask cuda worker`
 #              per GPU, UCX with RMM pools) runs bench_stack.py --scheduler-file, whose
@@ -181,12 +182,6 @@ part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the li
     stack dm1000_x2 1000 500 --workers 1 2 "${link[@]}" --src-method-devices ${SRCM_DEVICES:-2} \
         --transfer-detail "$OUT/x2_dm1000"
     timelines "$OUT/x2_dm1000"
-    # the same two GPUs with Dask's UCX comm waiting for the whole device before every
-    # send and after every receive (its own way; src_dask's config ucx-sync)
-    DASK_SRC_DASK__UCX_SYNC=device stack dm1000_x2_devicesync 1000 500 --workers 2 \
-        "${link[@]}" --no-compare --transfer-detail "$OUT/x2_dm1000_devicesync"
-    timelines "$OUT/x2_dm1000_devicesync"
-    part_slurm   # the same 2-GPU run, workers started as under Slurm, into the same record
     # SRCM_DM2000="" leaves src-method out here (3.5 minutes with reading its inputs)
     local srcm2000=${SRCM_DM2000-${SRCM_DEVICES:-2}}
     # shellcheck disable=SC2086
@@ -197,6 +192,12 @@ part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the li
     # pool capped at 0.9 of the device, pass 2 ran out of it at site 46 (2026-12-01)
     stack dm2000_x2 2000 1000 --workers 1 --no-compare --merge \
         --transfer-detail "$OUT/x2_dm2000"
+    # the same two GPUs with Dask's UCX comm waiting for the whole device before every
+    # send and after every receive (its own way; src_dask's config ucx-sync)
+    DASK_SRC_DASK__UCX_SYNC=device stack dm1000_x2_devicesync 1000 500 --workers 2 \
+        "${link[@]}" --no-compare --transfer-detail "$OUT/x2_dm1000_devicesync"
+    timelines "$OUT/x2_dm1000_devicesync"
+    part_slurm   # the same 2-GPU run, workers started as under Slurm, into the same record
     run "transfer ucx" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
         --protocol ucx --rmm pool --gib 1 4 --out "$OUT/transfer_gpu.json"
     run "transfer tcp" bench_transfer.log timeout 180 python3 benchmarks/bench_transfer.py \
