@@ -493,3 +493,109 @@ def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
         assert "--set-rmm-allocator-for-libs" in options and "--rmm-pool-size" in options
         missing = sorted(o for o in options if o not in help_text)
         assert not missing, f"{script}: {missing}"
+
+
+# The check that two_nodes_local.sh runs on its two workers (COMMAND): odd stacks
+# through the split pass 2, against the one-process CPU run made before connecting.
+_PAIR_CHECK = r'''
+import sys
+
+import dask
+import numpy as np
+from distributed import Client, get_task_stream
+from distributed.utils import key_split
+
+sys.path.insert(0, sys.argv[2])
+from helpers import dense_product, random_mpo, random_mps
+
+import src_dask
+
+f64, c128, c64 = np.float64, np.complex128, np.complex64
+ROWS = {"src_dask.projection-block-size": 16 * 64}  # Z in row blocks
+cases = {  # name: (trains, options, settings, tolerance of the dtype, chi_out exact)
+    "mpo.mps phys 3, uneven bonds, 5 sites": (
+        (random_mpo(5, [2, 3, 2, 3], phys=3, dtype=f64, seed=1),
+         random_mps(5, [3, 4, 2, 5], phys=3, dtype=f64, seed=2)),
+        dict(chi_out=64, seed=1, chunk=5), {}, 1e-12, True),
+    "bra.mpo.mpo, 3 sites": (
+        (random_mps(3, [3, 4], dtype=c128, seed=3), random_mpo(3, 2, dtype=c128, seed=4),
+         random_mpo(3, [2, 3], dtype=c128, seed=5)),
+        dict(chi_out=64, seed=2, chunk=4), {}, 1e-12, True),
+    "mpo.mpo, 2 sites, complex64": (
+        (random_mpo(2, 3, phys=3, dtype=c64, seed=6),
+         random_mpo(2, 2, phys=3, dtype=c64, seed=7)),
+        dict(chi_out=64, seed=3, chunk=3), {}, 1e-4, True),
+    "mps compressed, oversampled, cutoff": (
+        (random_mps(7, 12, dtype=c128, seed=8, decay=0.6),),
+        dict(chi_out=5, seed=4, chunk=3, oversample=3, cutoff=1e-8), {}, 1e-12, False),
+    "mpo.mpo.mps, Z in row blocks": (
+        (random_mpo(8, 3, phys=3, dtype=c128, seed=9),
+         random_mpo(8, 2, phys=3, dtype=c128, seed=10),
+         random_mps(8, 9, phys=3, dtype=c128, seed=11)),
+        dict(chi_out=24, seed=5, chunk=10), ROWS, 1e-12, False),
+}
+refs = {}
+for name, (trains, opts, settings, _, _) in cases.items():
+    with dask.config.set({"src_dask.device": "cpu", "scheduler": "threads", **settings}):
+        refs[name] = src_dask.src(*trains, **opts)
+with Client(scheduler_file=sys.argv[1], timeout="60s") as client:
+    client.wait_for_workers(2, timeout=120)
+    for name, (trains, opts, settings, tol, exact) in cases.items():
+        with dask.config.set(settings), get_task_stream(client=client) as stream:
+            y = src_dask.src(*trains, client=client, **opts)
+        projected = {t["worker"] for t in stream.data
+                     if key_split(t["key"]).startswith("pass2") and t["key"][1] == "project"}
+        assert len(projected) == 2, (name, projected)  # pass 2 split over both
+        ref = refs[name]
+        for j, (c, c0) in enumerate(zip(y, ref, strict=True)):
+            c, c0 = np.asarray(c), np.asarray(c0)
+            assert c.shape == c0.shape and c.dtype == c0.dtype, (name, j, c.shape, c0.shape)
+            assert np.abs(c - c0).max() <= 1e3 * tol * np.abs(c0).max(), (name, j)
+        if exact:
+            d0 = dense_product(*trains)
+            assert np.linalg.norm(y.to_dense() - d0) <= 1e2 * tol * np.linalg.norm(d0), name
+
+    def syncs():
+        from src_dask import _cluster
+
+        return _cluster.stream_syncs
+
+    if sys.argv[3:] != ["--no-ucx"]:  # the comm waited for the default stream only
+        assert all(n > 0 for n in client.run(syncs).values())
+print(f"checked {len(cases)} stacks on two GPU workers")
+'''
+
+
+@pytest.mark.timeout(600)
+def test_split_pass_2_on_two_gpu_workers_gives_the_cpu_cores_for_odd_stacks(tmp_path):
+    """Two `dask cuda worker`s over UCX, started as under Slurm (two GPUs, or sharing the
+    one GPU with half of its memory each): pass 2 split over both gives the one-process
+    CPU run's cores for odd stacks (physical dimension 3, uneven bonds, 2 and 3 sites,
+    a bra, complex64, oversampling with a cutoff, Z in row blocks), and the product when
+    chi_out is exact; the UCX comm waited for the default stream only."""
+    from pathlib import Path
+
+    import cupy
+
+    pytest.importorskip("distributed_ucxx")
+    root = Path(__file__).resolve().parent.parent
+    bin_dir = tmp_path / "bin"  # the commands the example calls, this Python's
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "dask").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dask "$@"\n')
+    (bin_dir / "dask").chmod(0o755)
+    check = tmp_path / "check.py"
+    check.write_text(_PAIR_CHECK)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PROTOCOL": "ucx",
+           "COMMAND": f'python "{check}" "$SCHEDULER_FILE" "{root / "tests"}"'}
+    if cupy.cuda.runtime.getDeviceCount() >= 2:
+        env["GPUS"] = "0 1"
+    else:
+        env.update(GPUS="0 0", DEVICE_MEMORY_LIMIT="0.35", RMM_POOL_SIZE="0.35",
+                   RMM_MAXIMUM_POOL_SIZE="0.45")
+    run = subprocess.run(["bash", str(root / "examples/slurm/two_nodes_local.sh"),
+                          str(tmp_path / "two")], env=env, capture_output=True, text=True,
+                         timeout=560, cwd=root)
+    logs = "".join(p.read_text()[-2000:] for p in (tmp_path / "two/logs").glob("node*.log"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:] + logs
+    assert "checked 5 stacks on two GPU workers" in run.stdout + run.stderr
