@@ -579,11 +579,11 @@ def test_split_pass_2_on_two_gpu_workers_gives_the_cpu_cores_for_odd_stacks(tmp_
 
     pytest.importorskip("distributed_ucxx")
     root = Path(__file__).resolve().parent.parent
-    bin_dir = tmp_path / "bin"  # the commands the example calls, this Python's
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    (bin_dir / "dask").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dask "$@"\n')
-    (bin_dir / "dask").chmod(0o755)
+    bin_dir = tmp_path / "bin"  # the commands the example calls, this Python's (a
+    bin_dir.mkdir()             # script: a link to a virtualenv's python leaves the env)
+    for name, args in (("python", ""), ("dask", " -m dask")):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
+        (bin_dir / name).chmod(0o755)
     check = tmp_path / "check.py"
     check.write_text(_PAIR_CHECK)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PROTOCOL": "ucx",
