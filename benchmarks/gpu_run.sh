@@ -71,7 +71,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD/src
 # the commands the Slurm example calls (`python`, `dask`), where the machine lacks them
 mkdir -p "$OUT/bin"
-command -v python >/dev/null || ln -sf "$(command -v python3)" "$OUT/bin/python"
+# (scripts, not links: a link to a virtualenv's python runs outside the virtualenv)
+command -v python >/dev/null || printf '#!/bin/sh\nexec python3 "$@"\n' >"$OUT/bin/python"
 command -v dask >/dev/null || printf '#!/bin/sh\nexec python3 -m dask "$@"\n' >"$OUT/bin/dask"
 chmod +x "$OUT/bin/"* 2>/dev/null
 export PATH=$PATH:$OUT/bin
