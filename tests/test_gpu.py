@@ -475,9 +475,9 @@ def test_saved_trains_are_read_from_their_chunk_files_with_this_zarr(tmp_path, m
 
 @pytest.mark.timeout(120)
 def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
-    """Every option the Slurm examples give `dask cuda worker` is one it has (a renamed
-    option was skipped by the scripts' own check, so CuPy allocated beside RMM's pool
-    and two workers sharing a GPU ran out of it)."""
+    """Every option the Slurm examples and the README give `dask cuda worker` is one it
+    has (a renamed option was skipped by the scripts' own check, so CuPy allocated
+    beside RMM's pool and two workers sharing a GPU ran out of it)."""
     import re
     from pathlib import Path
 
@@ -493,6 +493,19 @@ def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
         assert "--set-rmm-allocator-for-libs" in options and "--rmm-pool-size" in options
         missing = sorted(o for o in options if o not in help_text)
         assert not missing, f"{script}: {missing}"
+    # the README's `dask cuda worker` by hand (the command and its continued lines)
+    readme = (slurm.parent.parent / "README.md").read_text().splitlines()
+    starts = [i for i, line in enumerate(readme) if line.startswith("dask cuda worker")]
+    assert starts
+    for i in starts:
+        command = readme[i]
+        while command.endswith("\\"):
+            i += 1
+            command = command[:-1] + readme[i]
+        options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", command))
+        assert "--set-rmm-allocator-for-libs" in options
+        missing = sorted(o for o in options if o not in help_text)
+        assert not missing, f"README: {missing}"
 
 
 # The check that two_nodes_local.sh runs on its two workers (COMMAND): odd stacks
