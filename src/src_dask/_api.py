@@ -273,6 +273,10 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
+    slow = None if client is None else _plan.slow_gpu_link(stack, plan, workers,
+                                                           client.scheduler.address)
+    if slow:
+        log.warning(slow)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                           _graph.task_count(graph)))
