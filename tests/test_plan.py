@@ -308,49 +308,46 @@ def test_the_environment_sum_may_use_every_threads_share():
         _plan.check_fits(stack, _plan_of(sketch=sketch, chunk=8, task_bytes=4 * 2**20))
 
 
-def test_gpu_workers_on_a_slow_link_are_reported_once_a_cluster(monkeypatch):
-    """Several GPU workers talking TCP (or TLS) get one WARNING a cluster saying what
-    pass 2 moves between them a site and how to get UCX; UCX, one worker or CPU
-    workers get none."""
-    monkeypatch.setattr(_plan, "_slow_links_reported", set())
+def test_gpu_workers_on_a_slow_link_are_warned_of():
+    """Several GPU workers talking TCP (or TLS) get a WARNING's text saying what pass 2
+    moves between them a site and how to get UCX; UCX, one worker or CPU workers none."""
     from dask.utils import format_bytes
 
     stack = _stack(n=12, mpo_bond=3, mps_bond=7)
     gpu, cpu = _plan_of(device="gpu"), _plan_of(device="cpu")
     tcp = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"]
-    text = _plan.slow_gpu_link(stack, gpu, tcp, "tcp://sched:1")
+    text = _plan.slow_gpu_link(stack, gpu, tcp)
     assert max(stack.left_bonds(6)) == 7  # not capped mid-train
     env = 8 * 3 * 7  # the largest environment: sketch x the left bonds (MPO x MPS)
     assert text.startswith("src: 3 GPU workers talk tcp")
     assert f"moves up to {format_bytes(int(2 / 3 * 2 * env * 16))} a site" in text
     assert "protocol='ucx'" in text and "'gpu' extra" in text
-    assert _plan.slow_gpu_link(stack, gpu, tcp, "tcp://sched:1") is None  # once
-    assert _plan.slow_gpu_link(stack, gpu, tcp[:2], "tcp://sched:2") is not None
-    tls = ["tls://10.0.0.1:1", "tls://10.0.0.2:1"]
-    assert "talk tls" in _plan.slow_gpu_link(stack, gpu, tls, "tls://sched:3")
+    assert "talk tls" in _plan.slow_gpu_link(stack, gpu, ["tls://10.0.0.1:1", "tls://b:1"])
     for plan, workers in ((gpu, ["ucx://a:1", "ucx://b:2"]), (gpu, tcp[:1]), (cpu, tcp),
                           (gpu, [])):
-        assert _plan.slow_gpu_link(stack, plan, workers, "tcp://other:9") is None
+        assert _plan.slow_gpu_link(stack, plan, workers) is None
 
 
-def test_src_logs_the_slow_link_warning(monkeypatch, caplog, cluster_client):
+def test_src_warns_of_a_slow_link_once_a_cluster(monkeypatch, caplog, cluster_client):
     """``src`` on a cluster logs what :func:`_plan.slow_gpu_link` says, as a WARNING on
-    the ``src_dask`` logger, before it runs."""
+    the ``src_dask`` logger, before it runs; the next call on that cluster does not."""
     import logging
 
     import numpy as np
 
     import src_dask
+    from src_dask import _api
 
     seen = []
-    monkeypatch.setattr(_plan, "slow_gpu_link",
-                        lambda stack, plan, workers, scheduler: seen.append(
-                            (len(workers), scheduler)) or "src: a slow link")
+    monkeypatch.setattr(_api, "_slow_links_reported", set())
+    monkeypatch.setattr(_plan, "slow_gpu_link", lambda stack, plan, workers: seen.append(
+        len(workers)) or "src: a slow link")
     trains = (problems.random_mpo(4, 2, 2, seed=1).to_numpy(),
               problems.random_mps(4, 3, 2, seed=2).to_numpy())
     with caplog.at_level(logging.WARNING, logger="src_dask"):
         y = src_dask.apply(*trains, 4, seed=1, client=cluster_client)
+        src_dask.apply(*trains, 4, seed=2, client=cluster_client)
     assert [r.getMessage() for r in caplog.records
             if r.levelno == logging.WARNING] == ["src: a slow link"]
-    assert seen == [(2, cluster_client.scheduler.address)]
+    assert seen == [2]
     assert np.isfinite(y.norm())

@@ -273,10 +273,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
-    slow = None if client is None else _plan.slow_gpu_link(stack, plan, workers,
-                                                           client.scheduler.address)
-    if slow:
-        log.warning(slow)
+    _warn_of_a_slow_link(stack, plan, client, workers)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                           _graph.task_count(graph)))
@@ -296,6 +293,21 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     y = TensorTrain(list(cores), stack.kind, name="result")
     y.discarded = weights
     return y
+
+
+#: Schedulers whose GPU workers' slow link was reported (once a cluster, not every call).
+_slow_links_reported: set[str] = set()
+
+
+def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
+                         workers: list[str] | None) -> None:
+    """Once a cluster: the WARNING of :func:`_plan.slow_gpu_link`, if it has one."""
+    if client is None or client.scheduler.address in _slow_links_reported:
+        return
+    text = _plan.slow_gpu_link(stack, plan, workers)
+    if text:
+        _slow_links_reported.add(client.scheduler.address)
+        log.warning(text)
 
 
 def _compute(graph: Any, client: Any, launch_only: bool = False

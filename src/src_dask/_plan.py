@@ -434,31 +434,22 @@ def _over_ucx(workers: tuple[str, ...]) -> bool:
     return bool(workers) and all(is_ucx(str(w)) for w in workers)
 
 
-#: Scheduler addresses whose slow link between GPUs was already reported (once a cluster).
-_slow_links_reported: set[str] = set()
-
-
-def slow_gpu_link(stack: Stack, plan: Plan, workers: list[str] | tuple[str, ...] | None,
-                  scheduler: str) -> str | None:
+def slow_gpu_link(stack: Stack, plan: Plan,
+                  workers: list[str] | tuple[str, ...] | None) -> str | None:
     """A WARNING's text where several GPU workers talk over a slow link (not UCX: TCP
     or TLS, ~1 GB/s between GPUs against 100+ GB/s over UCX with an RMM pool): pass 2
-    moves about one environment a site between them (docs/design.md §8), so two GPUs
-    run no faster than one. Once per cluster (``scheduler``); None otherwise."""
+    moves about one environment a site between them (docs/design.md §8), so they may
+    run no faster than one GPU. None otherwise."""
     workers = tuple(workers or ())
     if plan.device != "gpu" or len(workers) < 2 or _over_ucx(workers):
         return None
-    if scheduler in _slow_links_reported:
-        return None
-    _slow_links_reported.add(scheduler)
-    from dask.utils import format_bytes
-
     env = max(plan.sketch * math.prod(stack.left_bonds(j)) for j in range(stack.n))
     moved = int((len(workers) - 1) / len(workers) * 2 * env * stack.dtype.itemsize)
     scheme = str(workers[0]).split("://")[0]
     return (f"src: {len(workers)} GPU workers talk {scheme}, about 1 GB/s between GPUs: "
-            f"pass 2 moves up to {format_bytes(moved)} a site to each, so they may run no "
-            "faster than one GPU. Start them with protocol='ucx' and an RMM pool "
-            "(src_dask.cluster() does, with the 'gpu' extra installed)")
+            f"pass 2 moves up to {dask.utils.format_bytes(moved)} a site to each, so they "
+            "may run no faster than one GPU. Start them with protocol='ucx' and an RMM "
+            "pool (src_dask.cluster() does, with the 'gpu' extra installed)")
 
 
 def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> bool:
