@@ -179,8 +179,7 @@ def default_chunk(stack: Stack, sketch: int, slots: int, task: int | None = None
     run: a GPU runs one block's GEMMs at a time, the larger the better), none over
     the config's ``block-size``, and none whose tasks need more than ``task`` bytes
     (:func:`column_bytes`)."""
-    per_column = max(math.prod(stack.left_bonds(j)) for j in range(stack.n))
-    per_column *= stack.dtype.itemsize
+    per_column = stack.widest_cut * stack.dtype.itemsize
     blocks = max(slots, math.ceil(sketch * per_column / config.get_bytes("block-size")))
     if task is not None:
         blocks = max(blocks, math.ceil(sketch / columns_that_fit(stack, task)))
@@ -286,7 +285,7 @@ def column_bytes(stack: Stack) -> int:
     from . import _kernels as K
 
     step = max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
-    piece = max(math.prod(stack.left_bonds(j)) for j in range(stack.n)) * stack.dtype.itemsize
+    piece = stack.widest_cut * stack.dtype.itemsize
     return max(step, piece)
 
 
@@ -443,8 +442,8 @@ def slow_gpu_link(stack: Stack, plan: Plan,
     workers = tuple(workers or ())
     if plan.device != "gpu" or len(workers) < 2 or _over_ucx(workers):
         return None
-    env = max(plan.sketch * math.prod(stack.left_bonds(j)) for j in range(stack.n))
-    moved = int((len(workers) - 1) / len(workers) * 2 * env * stack.dtype.itemsize)
+    env = plan.sketch * stack.widest_cut * stack.dtype.itemsize
+    moved = (len(workers) - 1) * 2 * env // len(workers)
     scheme = str(workers[0]).split("://")[0]
     return (f"src: {len(workers)} GPU workers talk {scheme}, about 1 GB/s between GPUs: "
             f"pass 2 moves up to {dask.utils.format_bytes(moved)} a site to each, so they "

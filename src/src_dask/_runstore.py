@@ -76,7 +76,7 @@ def planned_bytes(stack: Stack, sketch: int) -> int:
     (plus metadata and a checksum per chunk)."""
     item = stack.dtype.itemsize
     envs = sum(sketch * math.prod(stack.left_bonds(j)) for j in range(1, stack.n))
-    s_env = 2 * max(sketch * math.prod(stack.left_bonds(j)) for j in range(stack.n))
+    s_env = 2 * sketch * stack.widest_cut
     cores = 2 * sum(sketch * sketch * stack.up(j) * stack.down(j) for j in range(stack.n))
     return (envs + s_env + cores) * item + 2**16 * (stack.n + 1)
 

@@ -65,6 +65,12 @@ class Stack:
     def left_bonds(self, site: int) -> tuple[int, ...]:
         return tuple(s[0] for s in self.shapes(site))
 
+    @cached_property
+    def widest_cut(self) -> int:
+        """The most numbers a row of an environment has: the product of the left bonds
+        at the cut where it is largest (an environment there is ``sketch`` rows of it)."""
+        return max(math.prod(self.left_bonds(j)) for j in range(self.n))
+
     def max_rank(self, site: int) -> int:
         """An upper bound of the product's rank at the cut left of ``site``."""
         bonds = math.prod(self.left_bonds(site))
