@@ -97,3 +97,19 @@ class PeakRSS(WorkerPlugin):
 def peak_rss(client) -> dict:
     """The peak resident memory of each worker since :class:`PeakRSS` was registered."""
     return client.run(lambda dask_worker: dask_worker.plugins["peak-rss"].peak)
+
+
+def same_cores(y, z) -> bool:
+    """Whether two results have bit-identical cores: what the design promises for two
+    runs on the same execution path with the same seed (docs/design.md §2)."""
+    return all(np.array_equal(p, q) for p, q in zip(y.to_numpy(), z.to_numpy(), strict=True))
+
+
+def close_cores(y, z, rtol: float = 1e-12) -> bool:
+    """Whether two results' cores agree to ``rtol`` of each core's largest entry: what
+    the design promises across execution paths (threads or a cluster, CPU or GPU, a
+    step split or whole), whose summation orders differ."""
+    ys, zs = y.to_numpy(), z.to_numpy()
+    return len(ys) == len(zs) and all(
+        p.shape == q.shape and np.abs(p - q).max() <= rtol * max(np.abs(q).max(), 1e-300)
+        for p, q in zip(ys, zs, strict=True))
