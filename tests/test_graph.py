@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import dask
@@ -610,4 +611,36 @@ def test_tight_memory_plans_give_the_same_cores(limit, client, cluster_client):
         y = src_dask.src(*trains, chi_out=48, seed=2,
                          client=cluster_client if client else None)
     for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+@pytest.mark.parametrize("limit", ["100 KiB", "200 KiB"])
+@pytest.mark.parametrize("where", ["threads", "cluster", "store"])
+def test_an_environment_no_task_may_hold_is_summed_in_row_blocks(limit, where, cluster_client,
+                                                                 tmp_path):
+    """Budgets below one environment sum of pass 2: S_{j-1} is summed in the row blocks
+    of Z_{j-1}, one running sum each, and each block of Z_{j-1} is projected from its
+    own rows (no task holds S_{j-1} whole; it was a PlanError): the cores of an
+    unbounded run, on threads, a cluster and with a run store."""
+    from src_dask import problems
+    from src_dask._stack import make_stack
+
+    trains = (problems.random_mpo(8, 4, 2, seed=1), problems.random_mpo(8, 4, 2, seed=2),
+              problems.random_mps(8, 8, 2, seed=3))
+    ref = src_dask.src(*trains, chi_out=40, seed=2)
+    with dask.config.set({"src_dask.memory-limit": limit}):
+        stack = make_stack(trains)
+        p, _ = _api._plan_for(stack, 40, 0, 0.0, None, None)  # as src plans it on threads
+        sweep = _plan.SweepPlan.decide(stack, p, None)
+        cut = [j for j in range(stack.n) if sweep.cut_env[j]]
+        assert cut
+        for j in cut:  # each block of S_{j-1} within half of the update's budget
+            q = math.ceil(_plan.z_rows(stack, p, j - 1) / sweep.z_blocks[j - 1])
+            left = math.prod(stack.left_bonds(j))
+            assert 2 * q * left * 16 <= _plan.kind_bytes(p, "update")
+        y = src_dask.src(*trains, chi_out=40, seed=2,
+                         client=cluster_client if where == "cluster" else None,
+                         store=tmp_path / "run" if where == "store" else None)
+    for c, c0 in zip(y, ref, strict=True):
+        c = np.asarray(c)
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

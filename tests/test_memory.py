@@ -127,20 +127,31 @@ def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
     _assert_same(y, ref)
 
 
-@pytest.mark.timeout(120)
-def test_an_environment_sum_above_the_pause_threshold_is_refused_at_once(tmp_path):
-    """Depth 3, bonds 16, chi_out 600 on a 400 MiB worker: pass 2 sums an environment of
-    600 x 16^3 numbers twice (79 MB), more than the worker can give a task between
-    the memory Dask spills down to (60 % of the limit) and the pause threshold (80 %).
-    Run anyway, the worker paused and resumed ten times a second for over a quarter
-    of an hour; the plan refuses it before any work, with both sizes."""
-    from src_dask.errors import PlanError
-
+@pytest.mark.slow  # ~1-3 min each on 2 cores: `make test-slow`
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("limit, store", [(350 * 2**20, False), (DEEP_LIMIT, True)])
+def test_an_environment_larger_than_a_task_is_summed_in_row_blocks(tmp_path, limit, store):
+    """Depth 3, bonds 16, chi_out 600 on two workers of 350-400 MiB: pass 2 sums an
+    environment of 600 x 16^3 numbers (39 MB, twice with its parts), more than a task
+    may use between what Dask spills down to and the pause threshold; the environments
+    (1.7 GB) are over 4x both workers' memory. The plan sums each environment in the
+    row blocks of the next projected core, so no task holds one whole: the run
+    completes with every worker's peak RSS under its limit and the cores of an
+    in-memory run (it was refused with a PlanError before)."""
     trains = _deep_stack(3, 44, 16)
-    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=DEEP_LIMIT,
+    ref = src_dask.src(*trains, chi_out=600, seed=2)  # unconstrained, this process
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit,
                       dashboard_address=":0",
                       local_directory=str(tmp_path / "workers")) as cluster, \
             Client(cluster) as client:
-        with pytest.raises(PlanError, match=r"environment it sums .* a task may use"):
-            src_dask.src(*trains, chi_out=600, seed=2, client=client)
-        assert not client.run(lambda dask_worker: len(dask_worker.state.tasks)).popitem()[1]
+        client.register_plugin(PeakRSS())
+        workers = set(client.scheduler_info()["workers"])
+        plan = src_dask.plan(*trains, chi_out=600, seed=2, client=client)
+        assert plan.peak_host <= limit, plan
+        y = src_dask.src(*trains, chi_out=600, seed=2, client=client,
+                         store=tmp_path / "run" if store else None)
+        peaks = peak_rss(client)
+    assert 600 * 16**3 * 16 * 43 >= 4 * 2 * limit
+    assert set(peaks) == workers  # no worker was lost or restarted
+    assert all(p < limit for p in peaks.values()), peaks
+    _assert_same(y, ref)

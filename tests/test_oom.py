@@ -57,7 +57,7 @@ def test_halving_gives_the_same_result_and_keeps_the_split(allocator, caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("pass 1" in m and "site 0" in m
                and "out of host memory on 12 sketch columns" in m for m in warned), warned
-    assert any("pass 2" in m and "in blocks of 3 columns from now on" in m for m in warned)
+    assert any("pass 2's sketch" in m and "in pieces of 3 from now on" in m for m in warned)
 
 
 def test_one_column_that_does_not_fit_says_how_much_is_needed(allocator):
@@ -69,16 +69,18 @@ def test_one_column_that_does_not_fit_says_how_much_is_needed(allocator):
         src_dask.apply(a, x, 8, seed=0, chunk=8)
 
 
-def test_a_host_memory_error_in_a_step_that_is_not_halved_names_the_option(monkeypatch):
+def test_a_projection_row_that_does_not_fit_names_the_site_and_its_memory(monkeypatch):
     """A real MemoryError of NumPy (an allocation larger than any machine) in the
-    projection of pass 2 names the site and the setting to change."""
+    projection of pass 2 is halved down to one row, then names the site, the step and
+    what one row needs."""
     def huge(*args, **kwargs):
         return np.empty(1 << 62, dtype=np.uint8)  # raises MemoryError
 
     monkeypatch.setattr(K, "project_core", huge)
     a, x = random_mpo(5, 2, seed=1), random_mps(5, 3, seed=2)
-    with pytest.raises(MemoryError, match=r"site \d, pass 2: out of host memory .*"
-                                          r"src_dask.projection-block-size \(now 2 GiB\)"):
+    with pytest.raises(MemoryError, match=r"site \d, pass 2's projection: one row of the "
+                                          r"projected core does not fit in host memory; it "
+                                          r"needs about [0-9.]+ MiB"):
         src_dask.apply(a, x, 6, seed=0)
 
 
@@ -119,3 +121,60 @@ def test_oom_recognised_from_gpu_libraries():
     assert _oom.is_oom(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED"))
     assert _oom.is_oom(RuntimeError("cudaErrorMemoryAllocation: out of memory"))
     assert not _oom.is_oom(ValueError("shapes do not match"))
+
+
+def _refusing(monkeypatch, name: str, rows, limit: int) -> dict[str, int]:
+    """Kernel ``name`` of ``_kernels`` raising a MemoryError on more than ``limit`` rows
+    (``rows(*args)`` counts them), as a device pool does; its refusals and calls."""
+    original, count = getattr(K, name), {"refused": 0, "ran": 0}
+
+    def kernel(*args, **kwargs):
+        if rows(*args) > limit:
+            count["refused"] += 1
+            raise MemoryError("Maximum pool size exceeded (simulated)")
+        count["ran"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(K, name, kernel)
+    return count
+
+
+@pytest.mark.parametrize("limit", ["30 MiB", None])  # rows of Z in blocks, or Z whole
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+def test_every_step_of_pass_2_is_halved(monkeypatch, caplog, limit, dtype):
+    """The projection (rows of S), the environment update (rows of S_{j-1}, in the
+    fused step and in the running sums along Z's row blocks) are computed in pieces
+    when they do not fit, down to what fits, with the same cores; one warning per
+    kind of step and size."""
+    import dask
+
+    trains = (random_mpo(7, 4, phys=3, seed=1, dtype=dtype),
+              random_mpo(7, 3, phys=3, seed=2, dtype=dtype),
+              random_mps(7, (5, 9, 12, 12, 9, 5), phys=3, seed=3, dtype=dtype))
+    settings = {"src_dask.memory-limit": limit} if limit else {}
+    with dask.config.set(settings):
+        ref = src_dask.src(*trains, chi_out=40, seed=2)
+        project = _refusing(monkeypatch, "project_core",
+                            lambda cores, env, *rest: 0 if env is None else env.shape[0], 3)
+        update = _refusing(monkeypatch, "update_env", lambda eta, zs: eta.shape[0], 5)
+        with caplog.at_level(logging.WARNING, logger="src_dask"):
+            y = src_dask.src(*trains, chi_out=40, seed=2)
+    for c, c0 in zip(y, ref, strict=True):
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+    assert project["refused"] and update["refused"] and project["ran"] and update["ran"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("pass 2's projection" in m and "pieces of 3 from now on" in m for m in warned)
+    assert any("pass 2's update" in m and "pieces of 5 from now on" in m for m in warned)
+    # later tasks start at the size that worked: far fewer refusals than calls
+    assert project["refused"] <= 4 and update["refused"] <= 4
+
+
+def test_the_qr_of_the_sketch_is_one_piece_and_says_so(monkeypatch):
+    def huge(*args, **kwargs):
+        raise MemoryError("Maximum pool size exceeded (simulated)")
+
+    monkeypatch.setattr(K, "orthonormalize", huge)
+    a, x = random_mpo(5, 2, seed=1), random_mps(5, 3, seed=2)
+    with pytest.raises(MemoryError, match=r"site 4, pass 2's QR: out of host memory .*"
+                                          r"this step is one piece"):
+        src_dask.apply(a, x, 6, seed=0)

@@ -179,6 +179,8 @@ def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
     rows = z_rows(stack, plan, j)
     block = math.ceil(rows / sweep.z_blocks[j])
     q = z_rows(stack, plan, j - 1) if j > 0 else 1
+    if sweep.cut_env and sweep.cut_env[j]:  # S_{j-1} summed by Z_{j-1}'s row blocks
+        q = math.ceil(q / sweep.z_blocks[j - 1])
     ud = stack.up(j) * stack.down(j)
     left = math.prod(stack.left_bonds(j))
     right = math.prod(s[1] for s in stack.shapes(j))

@@ -289,7 +289,9 @@ def sketch_piece(env: Any, z: Any | None) -> Any | None:
 
 def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[Any] | None, *,
                up: int, down: int, cutoff: float, max_rank: int, site: int,
-               checkpoint: Callable[[Any, Any], None] | None = None) -> tuple[Any, Any, Any]:
+               checkpoint: Callable[[Any, Any], None] | None = None,
+               update: Callable[[Any, list[Any]], Any] | None = None,
+               project: Callable[[list[Any], Any], Any] | None = None) -> tuple[Any, Any, Any]:
     """One site of pass 2: ``(η_j, S_{j-1}, Z_{j-1})``.
 
     ``pieces[c][b]`` is the sketch of column block ``c`` and row block ``b`` of
@@ -300,15 +302,17 @@ def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[A
     Fusing the QR, the environment update and a whole projection into one
     task leaves two dependent tasks per site on the critical path, which is
     what bounds small problems.
-    ``checkpoint(η_j, S_{j-1})`` saves the state a restarted run resumes from.
+    ``checkpoint(η_j, S_{j-1})`` saves the state a restarted run resumes from;
+    ``update`` and ``project`` stand for :func:`update_env` and :func:`project_core`
+    (a task passes them computed in pieces if they do not fit in memory).
     """
     eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
     if zs is None:
         return eta, None, None
-    env = update_env(eta, zs)
+    env = (update or update_env)(eta, zs)
     if checkpoint is not None:
         checkpoint(eta, env)
-    z = None if cores_left is None else project_core(cores_left, env)
+    z = None if cores_left is None else (project or project_core)(cores_left, env)
     return eta, env, z
 
 
@@ -443,14 +447,29 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
 
 
-def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int]) -> Any | None:
+def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int],
+                   out: tuple[int, int] | None = None) -> Any | None:
     """``env`` plus row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see
-    :func:`update_env`); None stands for an empty block, or for no sum yet."""
+    :func:`update_env`); None stands for an empty block, or for no sum yet.
+    ``out=(b', m')``: only block ``b'`` of ``m'`` of the rows of ``S'`` (an
+    environment summed in row blocks, each the rows of one block of the next
+    projected core)."""
     if z is None:
         return env
+    if out is not None:
+        eta = eta[slice(*block_rows(eta.shape[0], *out))]
+        if eta.shape[0] == 0:  # an empty block of S' (a cutoff kept fewer rows)
+            return xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
     lo, hi = block_rows(eta.shape[1], *rows)
     part = update_env(eta[:, lo:hi], [z])
     return part if env is None else env + part
+
+
+def update_row_bytes(eta: Any, z: Any) -> int:
+    """Memory one row of :func:`update_env`'s output needs: its row of η (and the
+    conjugated copy) and of ``S'`` (the product, the running sum and the sum)."""
+    k = z.ndim - 3
+    return (2 * prod(eta.shape[1:]) + 3 * prod(z.shape[:k])) * np.dtype(z.dtype).itemsize
 
 
 def first_core(zs: list[Any]) -> Any:

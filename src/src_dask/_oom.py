@@ -1,13 +1,19 @@
-"""Out-of-memory halving: a block that does not fit is computed in halves.
+"""Out-of-memory halving: a step that does not fit is computed in halves.
 
 Dask's ``retries=`` would re-run a task unchanged, so the split belongs
-inside the task. A kernel over a block of sketch columns that raises an
-out-of-memory error (CuPy, RMM, cuBLAS/cuSOLVER workspaces, or ``MemoryError``)
-frees the memory pool's cached blocks and is computed again as two halves
-along the sketch axis, recursively down to one column; the halves are joined,
-so the result is unchanged. The split that worked is remembered in the worker
-process for the rest of the run, so later blocks start from it instead of
-failing again.
+inside the task. Every step of the sweep whose output has an axis of
+independent rows is computed through :func:`halving`: pass 1's chains and
+pass 2's sketch pieces along the sketch columns, the projected core along its
+rows (the rows of ``S`` it is made from), the environment update along the
+rows of ``S_{j-1}`` (those of η). A step that raises an out-of-memory error
+(CuPy, RMM, cuBLAS/cuSOLVER workspaces, or ``MemoryError``) frees what it can
+— the pools' cached blocks and, on a dask-cuda worker, stored data spilled
+from the device to host memory — and is computed again in two halves,
+recursively down to one row; the halves are written into one output, so the
+result is unchanged. The size that worked is remembered in the worker
+process for each kind of step of the run, so later tasks start from it
+instead of failing again. Only one row that does not fit is an error, which
+names the site, the step and the memory one row needs.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from typing import Any
 
 log = logging.getLogger("src_dask")
 
-#: (run token, step) -> the most columns a block of that step has fitted in
+#: (run token, kind of step) -> the most rows a piece of that step has fitted in
 _FITS: dict[tuple[str, str], int] = {}
+
+#: What a row is, by kind of step (for the messages).
+_UNITS = {"pass 1": "sketch column", "sketch": "sketch column",
+          "projection": "row of the projected core", "update": "row of the environment"}
 
 
 def is_oom(err: BaseException) -> bool:
@@ -30,51 +40,91 @@ def is_oom(err: BaseException) -> bool:
 
 
 def _free_cached(xp: Any) -> None:
+    """Give memory back before a smaller attempt: the pools' cached blocks and, on a
+    GPU, stored data spilled to host memory (:func:`_spill_device_data`)."""
     if xp.__name__ == "cupy":
         xp.get_default_memory_pool().free_all_blocks()
         xp.get_default_pinned_memory_pool().free_all_blocks()
+        _spill_device_data()
 
 
-def halving(compute: Callable[[int, int], Any], columns: int, *, xp: Any, run: str, step: str,
-            site: int, bytes_per_column: int) -> Any:
-    """``compute(0, columns)``, or the same computed in pieces if it does not fit.
+def _spill_device_data(share: float = 0.5) -> int:
+    """Spill the least recently used data a dask-cuda worker keeps on its device to
+    host memory until it holds at most ``share`` of its device limit; the bytes
+    moved (0 outside such a worker).
 
-    Pieces are written into one output buffer as they come, so a split run
-    needs the block's input and output plus one piece's temporaries.
+    dask-cuda spills stored data only when a new result takes the device buffer
+    past its limit, so a task's temporaries can meet a device whose pool is full
+    of data the worker would gladly move; a running task holds its own inputs,
+    which the LRU order moves last. zict's buffers are thread-safe (zict >= 3)."""
+    try:
+        from distributed import get_worker
+
+        buffer = getattr(get_worker().data, "device_buffer", None)
+    except (ImportError, ValueError):
+        return 0
+    fast = getattr(buffer, "fast", None)
+    limit = getattr(buffer, "n", None)
+    if fast is None or not limit:
+        return 0
+    moved = 0
+    while fast.total_weight > share * limit:
+        try:
+            _, _, weight = fast.evict()
+        except KeyError:  # nothing left to spill
+            break
+        moved += int(weight)
+    if moved:
+        log.info("spilled %.3g GB of stored data from the device to host memory", moved / 1e9)
+    return moved
+
+
+def halving(compute: Callable[[int, int], Any], rows: int, *, xp: Any, run: str, step: str,
+            site: int, bytes_per_row: int, axis: int = 0) -> Any:
+    """``compute(0, rows)``, or the same computed in pieces of rows if it does not fit.
+
+    ``compute(a, b)`` makes rows ``a:b`` of the output along ``axis``; ``step`` is
+    the kind of step (a key of ``_UNITS``): the size that fits is shared by every
+    step of that kind in the run ``run``. Pieces are written into one output buffer
+    as they come, so a split step needs its inputs and output plus one piece's
+    temporaries.
     """
-    out = _Output(xp, columns)
-    _in_pieces(compute, 0, columns, out, (run, step), site, bytes_per_column)
+    out = _Output(xp, rows, axis)
+    _in_pieces(compute, 0, rows, out, (run, step), site, bytes_per_row)
     return out.array
 
 
 class _Output:
-    """The block's result, allocated when its first piece arrives."""
+    """The step's result, allocated when its first piece arrives."""
 
-    def __init__(self, xp: Any, rows: int):
-        self.xp, self.rows, self.array = xp, rows, None
+    def __init__(self, xp: Any, rows: int, axis: int):
+        self.xp, self.rows, self.axis, self.array = xp, rows, axis, None
 
     def put(self, a: int, b: int, part: Any) -> None:
         if a == 0 and b == self.rows:
             self.array = part
             return
         if self.array is None:
-            self.array = self.xp.empty((self.rows, *part.shape[1:]), dtype=part.dtype)
-        self.array[a:b] = part
+            shape = list(part.shape)
+            shape[self.axis] = self.rows
+            self.array = self.xp.empty(tuple(shape), dtype=part.dtype)
+        self.array[(slice(None),) * self.axis + (slice(a, b),)] = part
 
 
 def _in_pieces(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
-               per_col: int) -> None:
-    """Columns a:b in pieces of the size that fits so far (re-read before each piece:
+               per_row: int) -> None:
+    """Rows a:b in pieces of the size that fits so far (re-read before each piece:
     a failure here, or in a concurrent task of the run, shrinks it)."""
     lo = a
     while lo < b:
         hi = min(b, lo + _FITS.get(key, b - a))
-        _attempt(compute, lo, hi, out, key, site, per_col)
+        _attempt(compute, lo, hi, out, key, site, per_row)
         lo = hi
 
 
 def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
-             per_col: int) -> None:
+             per_row: int) -> None:
+    unit = _UNITS.get(key[1], "row")
     try:
         out.put(a, b, compute(a, b))
         return
@@ -83,28 +133,31 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
             raise
         if b - a == 1:
             raise MemoryError(
-                f"site {site}, {key[1]}: one sketch column does not fit in {_memory(out.xp)}; "
-                f"it needs about {per_col / 2**20:.1f} MiB for its block and temporaries "
-                f"({_remedy(out.xp)})"
+                f"site {site}, {_step_name(key[1])}: one {unit} does not fit in "
+                f"{_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB with its "
+                f"temporaries ({_remedy(out.xp)})"
             ) from err
     # Out of the except clause: the failed attempt's temporaries, which its
     # traceback holds on to, are released before the pool is emptied.
     _free_cached(out.xp)
     half = (b - a + 1) // 2
-    _FITS[key] = min(_FITS.get(key, half), half)
-    log.warning("site %d, %s: out of %s on %d sketch columns (about %.1f MiB); "
-                "computing it in blocks of %d columns from now on", site, key[1],
-                _memory(out.xp), b - a, per_col * (b - a) / 2**20, _FITS[key])
-    _in_pieces(compute, a, b, out, key, site, per_col)
+    before = _FITS.get(key)
+    _FITS[key] = min(before or half, half)
+    if _FITS[key] != before:  # one line each time a kind of step gets smaller
+        log.warning("site %d, %s: out of %s on %d %ss (about %.1f MiB); computing it in "
+                    "pieces of %d from now on", site, _step_name(key[1]), _memory(out.xp),
+                    b - a, unit, per_row * (b - a) / 2**20, _FITS[key])
+    _in_pieces(compute, a, b, out, key, site, per_row)
+
+
+def _step_name(step: str) -> str:
+    return step if step.startswith("pass") else f"pass 2's {step}"
 
 
 def naming_the_site(kernel: Callable[..., Any], *, site: int, step: str) -> Callable[..., Any]:
     """``kernel`` whose out-of-memory errors say which site and step ran out, and
-    what to change.
-
-    For the per-site steps that have no sketch axis to split (the QR and the
-    projections of pass 2, which the plan cuts in row blocks instead).
-    """
+    what to change: for the one step that has no rows to split, the QR of the
+    sketch (``chi_out + oversample`` columns by the output's rows and legs)."""
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return kernel(*args, **kwargs)
@@ -113,10 +166,8 @@ def naming_the_site(kernel: Callable[..., Any], *, site: int, step: str) -> Call
                 raise
             xp = _namespace(args)
             raise MemoryError(
-                f"site {site}, {step}: out of {_memory(xp)} ({err}); this step is not split "
-                "in halves: lower the Dask config src_dask.projection-block-size (now "
-                f"{_config_size('projection-block-size')}) so that pass 2 makes the "
-                f"projected core in smaller row blocks, or {_remedy(xp)}") from err
+                f"site {site}, {step}: out of {_memory(xp)} ({err}); this step is one "
+                f"piece: {_remedy(xp)}") from err
     return run
 
 
@@ -144,9 +195,3 @@ def _namespace(args: tuple[Any, ...]) -> Any:
 
                 return cupy
     return np
-
-
-def _config_size(key: str) -> str:
-    from . import config
-
-    return str(config.get(key))

@@ -109,12 +109,14 @@ class Pass2:
         return cls.decide(device, workers, input_groups(device, workers), split)
 
     def step(self, z_here: int, z_left: int, fits: bool = True,
-             bounded: bool = False) -> SiteStep:
+             bounded: bool = False, cut_env: bool = False) -> SiteStep:
         """The step at a site whose ``Z`` has ``z_here`` row blocks, the next site's
         ``z_left`` (not split pass 2). ``fits``: the site's whole step fits one task
         (:func:`one_task`); ``bounded``: memory, not only size, cut ``Z`` in blocks,
-        so no task may hold them all (their shares of ``S`` are summed one by one)."""
-        chain = z_here > 1 and (self.spread or bounded)
+        so no task may hold them all (their shares of ``S`` are summed one by one);
+        ``cut_env``: no task may hold ``S_{j-1}`` whole either, so it is summed in the
+        next site's row blocks, one running sum each (:func:`env_blocks`)."""
+        chain = (z_here > 1 and (self.spread or bounded)) or cut_env
         return SiteStep(fused=self.together and z_here == 1 and fits, chain=chain,
                         whole=not chain and z_left == 1 and fits)
 
@@ -134,6 +136,8 @@ class SweepPlan:
     pass2: Pass2
     fits: tuple[bool, ...] = ()  # per site: its whole step fits one task (one_task)
     bounded: tuple[bool, ...] = ()  # per site: memory cut Z in blocks (no task holds all)
+    # per site j: S_{j-1} summed in Z_{j-1}'s row blocks (no task holds it whole)
+    cut_env: tuple[bool, ...] = ()
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
@@ -144,13 +148,18 @@ class SweepPlan:
         if pass2.split:  # at least one row block of Z per worker
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
                       for j, b in enumerate(blocks)]
-        fits = tuple(one_task(stack, plan, j) for j in range(stack.n))
+        # split pass 2 cuts S_{j-1} by its workers' rows already
+        cut = [not pass2.split and env_blocks(stack, plan, j) > 1 for j in range(stack.n)]
+        for j in range(1, stack.n):
+            if cut[j]:  # S_{j-1} summed in Z_{j-1}'s row blocks: enough of them
+                blocks[j - 1] = max(blocks[j - 1], env_blocks(stack, plan, j))
+        fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
                    own_streams=own_streams(plan.device, workers),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
-                   fits=fits, bounded=bounded)
+                   fits=fits, bounded=bounded, cut_env=tuple(cut))
 
 
 # -- the sketch ------------------------------------------------------------------------
@@ -342,7 +351,8 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
     if plan.task_bytes is None or plan.cutoff > 0:
         return None
     rows = z_rows(stack, plan, site)
-    left_rows = z_rows(stack, plan, site - 1) if site > 0 else 1
+    left_rows = math.ceil((z_rows(stack, plan, site - 1) if site > 0 else 1)
+                          / env_blocks(stack, plan, site))
     kinds = row_bytes(stack, site, rows, plan.chunk, left_rows)
     fits = {k: (kind_bytes(plan, k) - fixed) // per for k, (fixed, per) in kinds.items()}
     worst = min(fits, key=fits.__getitem__)
@@ -353,12 +363,41 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
         budget = kind_bytes(plan, worst)
         what = (f"one row of the projected core needs about {(fixed + per) / 2**20:.1f} MiB"
                 if fixed < budget else
-                f"pass 2 needs about {fixed / 2**20:.1f} MiB for the environment it sums "
-                f"({left_rows} x {math.prod(stack.left_bonds(site))} numbers, twice), or "
-                f"for a block of C_j")
+                f"pass 2 needs about {fixed / 2**20:.1f} MiB for a block of C_j "
+                f"({plan.chunk} sketch columns)")
         raise PlanError(f"site {site}: {what} in a task, but a task may use "
                         f"{budget / 2**20:.1f} MiB ({_remedy()})")
     return int(fits[worst])
+
+
+def env_blocks(stack: Stack, plan: Plan, site: int) -> int:
+    """Row blocks the environment ``S_{site-1}`` is summed in: one where a task may
+    hold it whole beside a row of ``Z_site`` (the running sum, its new part and the
+    rows of η that make them); else enough that each block takes at most half of the
+    update's budget, the rest left to the rows of ``Z`` it adds. Each block is then
+    the rows of one row block of ``Z_{site-1}``, projected from it alone, so no task
+    ever holds the whole environment. A :class:`~src_dask.errors.PlanError` when not
+    even one row fits. With a cutoff the bonds are known only as the run goes (see
+    :func:`z_rows_that_fit`): one."""
+    if plan.task_bytes is None or plan.cutoff > 0 or site == 0:
+        return 1
+    item = stack.dtype.itemsize
+    rows, q = z_rows(stack, plan, site), z_rows(stack, plan, site - 1)
+    left = math.prod(stack.left_bonds(site))
+    ud = stack.up(site) * stack.down(site)
+    per_row = (2 * left + rows * ud) * item  # of S_{site-1}: its sum and part, η's row
+    budget = kind_bytes(plan, "update")
+    if q * per_row + left * ud * item <= budget:
+        return 1
+    fit = budget // 2 // per_row
+    if fit < 1:
+        from .errors import PlanError
+
+        raise PlanError(f"site {site}: one row of the environment pass 2 sums needs about "
+                        f"{2 * per_row / 2**20:.1f} MiB with a row of the projected core "
+                        f"({left} + {rows} x {ud} numbers, twice), but a task may use "
+                        f"{budget / 2**20:.1f} MiB ({_remedy()})")
+    return math.ceil(q / fit)
 
 
 def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:

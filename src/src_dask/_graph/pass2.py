@@ -16,7 +16,6 @@ from functools import partial
 from typing import Any
 
 from .. import _kernels as K
-from .. import _oom
 from .._plan import SiteStep, row_owner
 from .._runstore import Progress, RunStore
 from . import tasks
@@ -79,11 +78,13 @@ class _Pass2:
                      what="right_env", site=self.first, device=device)
 
     def project(self, j: int, env: Any) -> _Z:
-        """``Z_j`` from ``S_j`` (``env``), in the plan's row blocks."""
+        """``Z_j`` from ``S_j`` (``env``: a key, or a list of the keys of its row blocks,
+        one per row block of ``Z_j``), in the plan's row blocks."""
         g, m = self.g, self.sweep.z_blocks[j]
-        project = _oom.naming_the_site(K.project_core, site=j, step="pass 2")
-        zs = [g.add((g.name("pass2", j), "project", b), project, self.cores[j], env,
-                    rows=(b, m))
+        cut = isinstance(env, list)
+        zs = [g.add((g.name("pass2", j), "project", b), tasks.project, self.cores[j],
+                    env[b] if cut else env, rows=None if cut else (b, m), site=j,
+                    run=g.token)
               for b in range(m)]
         # row blocks spread over CPU workers (the sketch and update of a block follow it);
         # all of pass 2 on the first of several GPUs
@@ -124,15 +125,15 @@ class _Pass2:
         g, stack, store = self.g, self.stack, self.store
         checkpoint = partial(store.write_pass2, j) if store else None
         options = dict(up=stack.up(j), down=stack.down(j), cutoff=self.plan.cutoff,
-                       max_rank=stack.max_rank(j), site=j,
+                       max_rank=stack.max_rank(j), site=j, run=g.token,
                        checkpoint=None if step.chain else checkpoint)
         left = self.cores[j - 1] if step.whole else None
         key = (g.name("pass2", j), "qr")
         block_envs = self.block_envs(j)
         if step.fused:
             state = g.add(key, tasks.fused_pass2, block_envs, z.keys, left,
-                          z_in_state=z.in_state, blocks=self.plan.blocks, run=g.token,
-                          store=store, **options)
+                          z_in_state=z.in_state, blocks=self.plan.blocks, store=store,
+                          **options)
         else:
             state = g.add(key, tasks.pass2_step, self.pieces(j, z, block_envs),
                           None if step.chain else z.keys, left, **options)
@@ -140,31 +141,45 @@ class _Pass2:
             g.pin(state, 0)
         return state
 
-    def chain(self, j: int, z: _Z) -> Any:
+    def chain(self, j: int, z: _Z, cut: bool) -> Any:
         """``S_{j-1}`` summed along ``Z_j``'s row blocks where each is (one running sum
-        in memory, not one partial per block), then checkpointed."""
-        g, env = self.g, None
-        update = _oom.naming_the_site(K.partial_update, site=j, step="pass 2")
-        for b, key in enumerate(z.keys):
-            env = self.place(g.add((g.name("pass2", j), "update", b), update, self.out[j], key,
-                                   env, rows=(b, len(z.keys))), b)
+        in memory, not one partial per block), then checkpointed. ``cut``: one running
+        sum per row block of ``Z_{j-1}`` (``SweepPlan.cut_env``), whose keys are
+        returned as a list: no task holds ``S_{j-1}`` whole (but the checkpoint of a
+        run store, which saves it whole)."""
+        g, m = self.g, len(z.keys)
+        outs: list[Any] = list(range(self.sweep.z_blocks[j - 1])) if cut else [None]
+        envs = []
+        for o in outs:
+            env = None
+            for b, key in enumerate(z.keys):
+                name = (g.name("pass2", j), "update", b) + (() if o is None else (o,))
+                env = self.place(g.add(
+                    name, tasks.partial_update, self.out[j], key, env, rows=(b, m),
+                    out=None if o is None else (o, len(outs)), site=j, run=g.token), b)
+            envs.append(env)
         if self.store is not None:
-            env = g.add((g.name("pass2", j), "env"), tasks.checkpointed, env, self.out[j],
-                        checkpoint=partial(self.store.write_pass2, j))
-        return env
+            saved = g.add((g.name("pass2", j), "env"), tasks.checkpointed,
+                          envs if cut else envs[0], self.out[j],
+                          checkpoint=partial(self.store.write_pass2, j))
+            envs = [g.add((g.name("pass2", j), "env", o), tasks.first, env, saved)
+                    for o, env in enumerate(envs)] if cut else [saved]
+        return envs if cut else envs[0]
 
     def site(self, j: int, z: _Z) -> tuple[_Z | None, Any]:
         """Site ``j``'s step; returns the next site's ``Z`` (None: to be projected from
         the returned environment) and that environment."""
         g = self.g
         sweep = self.sweep
+        cut = bool(sweep.cut_env) and sweep.cut_env[j]
         step = sweep.pass2.step(sweep.z_blocks[j], sweep.z_blocks[j - 1],
                                 fits=sweep.fits[j] if sweep.fits else True,
-                                bounded=sweep.bounded[j] if sweep.bounded else False)
+                                bounded=sweep.bounded[j] if sweep.bounded else False,
+                                cut_env=cut)
         state = self.qr(j, z, step)
         self.out[j] = g.add((g.name("pass2", j), "core"), operator.getitem, state, 0)
         if step.chain:
-            return None, self.chain(j, z)
+            return None, self.chain(j, z, cut)
         # the next site's task picks Z out of this state when it is one fused task too
         fused_next = not self.sweep.fits or self.sweep.fits[j - 1]
         if step.whole and self.sweep.pass2.together and j > 1 and fused_next:
@@ -191,7 +206,7 @@ class _Pass2:
                 pick, given = b - parts.first[w], parts.shares[w]
             key = g.add((g.name("pass2", j), "project", b), tasks.project_rows,
                         self.cores_at(j, w), given, pick=pick,
-                        rows=(b, m) if pick is None else None, site=j)
+                        rows=(b, m) if pick is None else None, site=j, run=g.token)
             zs.append(g.pin(key, w))
         return zs
 
@@ -229,7 +244,7 @@ class _Pass2:
             key = (g.name("pass2", j), "qr") + ((w,) if w else ())
             states[w] = g.pin(g.add(key, tasks.split_qr, sketches, up=stack.up(j),
                                     down=stack.down(j), cutoff=self.plan.cutoff,
-                                    max_rank=stack.max_rank(j), site=j), w)
+                                    max_rank=stack.max_rank(j), site=j, run=g.token), w)
         return states
 
     def split_update(self, j: int, states: dict[int, Any], zs: list[Any]) -> _Parts:
@@ -242,7 +257,8 @@ class _Pass2:
         for w, (b0, b1) in mine.items():
             for h, dest in theirs.items():
                 key = g.add((g.name("pass2", j), "update", w, h), tasks.share, states[w],
-                            zs[b0:b1], first=b0, blocks=m, dest=(*dest, left), site=j)
+                            zs[b0:b1], first=b0, blocks=m, dest=(*dest, left), site=j,
+                            run=g.token)
                 shares[h].append(g.pin(key, w))
         parts = _Parts(shares=shares, first={h: b0 for h, (b0, _) in theirs.items()})
         if self.store is not None:

@@ -92,7 +92,7 @@ def pass1_block(env: Any, cores: list[Any], *, site: int, start: int, stop: int,
         return K.sketch_step(part, cores, omega=omega[a:b], site=site)
 
     out = _oom.halving(compute, stop - start, xp=K.xp_of(cores[0]), run=run, step="pass 1",
-                       site=site, bytes_per_column=K.sketch_step_bytes(cores))
+                       site=site, bytes_per_row=K.sketch_step_bytes(cores))
     if store is None:
         return out
     store.write_env(site + 1, start, out)
@@ -111,14 +111,61 @@ def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str
     if store is not None:
         env = xp.asarray(store.read_env(site, start, stop))
     return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], z), stop - start, xp=xp,
-                        run=run, step="pass 2", site=site,
-                        bytes_per_column=K.sketch_piece_bytes(env, z))
+                        run=run, step="sketch", site=site,
+                        bytes_per_row=K.sketch_piece_bytes(env, z))
 
 
-def pass2_step(*args: Any, site: int, **kwargs: Any) -> Any:
-    """:func:`_kernels.pass2_step`, naming the site in an out-of-memory error."""
-    return _oom.naming_the_site(K.pass2_step, site=site, step="pass 2")(*args, site=site,
-                                                                        **kwargs)
+def project(cores: list[Any], env: Any | None, *, rows: tuple[int, int] | None, site: int,
+            run: str) -> Any:
+    """:func:`_kernels.project_core` (row block ``rows`` of ``S_j``, or all of it), in
+    pieces of rows if it does not fit in memory; None for an empty block."""
+    if env is not None and rows is not None:
+        env = env[slice(*K.block_rows(env.shape[0], *rows))]
+    if env is not None and env.shape[0] == 0:
+        return None
+    return _oom.halving(lambda a, b: K.project_core(cores, None if env is None else env[a:b]),
+                        1 if env is None else env.shape[0],  # S = 1: one row
+                        xp=K.xp_of(env), run=run, step="projection", site=site,
+                        bytes_per_row=K.project_row_bytes(cores), axis=len(cores))
+
+
+def update(eta: Any, zs: list[Any], *, site: int, run: str) -> Any:
+    """:func:`_kernels.update_env`, in pieces of the rows of ``S_{j-1}`` if it does
+    not fit in memory."""
+    z = next(z for z in zs if z is not None)
+    return _oom.halving(lambda a, b: K.update_env(eta[a:b], zs), eta.shape[0],
+                        xp=K.xp_of(eta), run=run, step="update", site=site,
+                        bytes_per_row=K.update_row_bytes(eta, z))
+
+
+def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int, int],
+                   out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
+    """:func:`_kernels.partial_update`, in pieces of the rows of ``S_{j-1}`` if it does
+    not fit in memory."""
+    if z is None:
+        return env
+    if out is not None:
+        eta = eta[slice(*K.block_rows(eta.shape[0], *out))]
+    if eta.shape[0] == 0:  # an empty block (the product's rank is below the bound)
+        return K.xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
+    return _oom.halving(
+        lambda a, b: K.partial_update(eta[a:b], z, None if env is None else env[a:b], rows),
+        eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
+        bytes_per_row=K.update_row_bytes(eta, z))
+
+
+def pass2_step(*args: Any, site: int, run: str, **kwargs: Any) -> Any:
+    """:func:`_kernels.pass2_step` with the environment update and the projection in
+    pieces of rows if they do not fit; the QR, one piece, names the site in an
+    out-of-memory error."""
+    def project_left(cores: list[Any], env: Any) -> Any:
+        return project(cores, env, rows=None, site=site - 1, run=run)
+
+    def update_here(eta: Any, zs: list[Any]) -> Any:
+        return update(eta, zs, site=site, run=run)
+
+    step = _oom.naming_the_site(K.pass2_step, site=site, step="pass 2's QR")
+    return step(*args, site=site, update=update_here, project=project_left, **kwargs)
 
 
 def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | None, *,
@@ -132,11 +179,11 @@ def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | No
     pieces = [[sketch_piece(env, zs[0], site=site, start=start, stop=stop, run=run,
                             store=store)]
               for env, (start, stop) in zip(block_envs, blocks, strict=True)]
-    return pass2_step(pieces, zs, cores_left, site=site, **options)
+    return pass2_step(pieces, zs, cores_left, site=site, run=run, **options)
 
 
 def project_rows(cores: list[Any], parts: list[Any] | None, *, pick: int | None,
-                 rows: tuple[int, int] | None, site: int) -> Any:
+                 rows: tuple[int, int] | None, site: int, run: str) -> Any:
     """A row block of ``Z_j`` (split pass 2) from ``S_j`` given as ``parts`` to add up:
     ``[S_j]`` whole, cut to ``rows=(b, m)``; or (``pick``) each worker's share of
     ``S_j``, of which item ``pick`` is this block. None: ``S_j = 1``; an empty block."""
@@ -149,7 +196,7 @@ def project_rows(cores: list[Any], parts: list[Any] | None, *, pick: int | None,
         env = chosen[0]
         for p in chosen[1:]:
             env = env + p
-    return _oom.naming_the_site(K.project_core, site=site, step="pass 2")(cores, env, rows)
+    return project(cores, env, rows=rows, site=site, run=run)
 
 
 def sketch_rows(block_envs: list[Any], z: Any, *, blocks: list[tuple[int, int]], site: int,
@@ -159,15 +206,15 @@ def sketch_rows(block_envs: list[Any], z: Any, *, blocks: list[tuple[int, int]],
             for env, (start, stop) in zip(block_envs, blocks, strict=True)]
 
 
-def split_qr(sketches: list[list[Any]], *, site: int, **options: Any) -> Any:
+def split_qr(sketches: list[list[Any]], *, site: int, run: str, **options: Any) -> Any:
     """``(η_j, None, None)`` from the sketches of ``Z_j``'s row blocks (one list of
     column-block pieces per row block, as :func:`sketch_rows` makes them)."""
     pieces = [list(column) for column in zip(*sketches, strict=True)]
-    return pass2_step(pieces, None, None, site=site, **options)
+    return pass2_step(pieces, None, None, site=site, run=run, **options)
 
 
 def share(state: Any, zs: list[Any], *, first: int, blocks: int, dest: tuple[int, int, int],
-          site: int) -> tuple[Any, ...]:
+          site: int, run: str) -> tuple[Any, ...]:
     """One worker's share ``conj(η_j)·Z_j`` of ``S_{j-1}`` from its row blocks ``zs``
     of ``Z_j`` (blocks ``first``… of ``blocks``), cut into the next site's row blocks
     ``dest = (b0, b1, m)``, ``b0 ≤ b < b1`` of ``m``: one array per block (None where
@@ -179,8 +226,7 @@ def share(state: Any, zs: list[Any], *, first: int, blocks: int, dest: tuple[int
     if lo == hi or all(z is None for z in zs):
         return tuple(None for _ in cut)
     start = K.block_rows(eta.shape[1], first, blocks)[0]
-    update = _oom.naming_the_site(K.update_env, site=site, step="pass 2")
-    part = update(eta[lo:hi, start:], zs)
+    part = update(eta[lo:hi, start:], zs, site=site, run=run)
     return tuple(part[a - lo:b - lo] if b > a else None for a, b in cut)
 
 
@@ -207,7 +253,11 @@ def eta_of(state: Any, after: Any = None) -> Any:
 
 
 def checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
-    """``env`` (``S_{j-1}``), once ``checkpoint(η_j, S_{j-1})`` has saved it."""
+    """``env`` (``S_{j-1}``, or a list of its row blocks), once ``checkpoint(η_j,
+    S_{j-1})`` has saved it."""
+    if isinstance(env, list):
+        checkpoint(eta, K.xp_of(env[0]).concatenate(env, axis=0))
+        return None
     checkpoint(eta, env)
     return env
 
