@@ -1,0 +1,211 @@
+# ruff: noqa: T201
+"""The memory ladder: the stack N·V·M·U on one GPU worker whose RMM pool may grow to
+less and less of the device (a smaller GPU simulated on a large one).
+
+Each rung starts ``dask_cuda.LocalCUDACluster(n_workers=1, threads_per_worker=T,
+device_memory_limit=L, rmm_pool_size=L, rmm_maximum_pool_size=P,
+rmm_allocator_external_lib_list=["cupy"])`` with ``L = limit-fraction x P`` (and,
+with ``--host-limit``, ``memory_limit`` per worker), asks ``src_dask.plan`` for the
+run's planned peaks, times one ``src_dask.src(*trains, chi_out=..., client=...)``,
+and records per rung: time and its ratio to the uncapped rung, share of the
+complex128 GEMM rate, the planned device and host peaks against the measured ones
+(the device's used memory by NVML; the workers' RSS), the most data the worker
+held on the host and on disk (dask-cuda's spilled data, polled), and the largest
+core difference from the first rung (the sketch depends only on the seed).
+
+    python benchmarks/bench_memory_ladder.py --dm 1000 --chi-out 500 --caps 0 80 48 24 12
+    python benchmarks/bench_memory_ladder.py --dm 1000 --caps 24 --host-limit 8GB
+    python benchmarks/bench_memory_ladder.py --quick     # D_M=16 on small caps (a CPU-less check)
+
+A cap of 0 is the uncapped rung (the pool may grow to the whole device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from accuracy import core_difference
+from device import Device, run_gemm
+from flops import CONVENTION, rates, src_flops
+from harness import Record, output_path, print_table
+from memory import PeakMemory
+from problems import generate_inputs, open_inputs, site_shapes, stack_spec, tiny_stack
+
+import src_dask
+
+GB = 10**9
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dm", type=int, default=1000)
+    p.add_argument("--chi-out", type=int, default=500)
+    p.add_argument("--sites", type=int, default=50)
+    p.add_argument("--phys", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--caps", type=float, nargs="+", default=[0, 80, 48, 24, 12],
+                   help="RMM maximum pool sizes in GB (0: uncapped)")
+    p.add_argument("--limit-fraction", type=float, default=2 / 3,
+                   help="dask-cuda's device_memory_limit (and the pool's start) as a share "
+                        "of the cap (the issue's ladder: 32 of 48 GB)")
+    p.add_argument("--host-limit", default=None, help="memory_limit of the worker (e.g. 8GB)")
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/src_dask_bench"))
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--name", default=None, help="record file name (default by D_M)")
+    p.add_argument("--quick", action="store_true", help="6 sites, D_M=16, chi_out=8")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sites, args.dm, args.chi_out, args.caps = 6, 16, 8, [0, 1]
+    return args
+
+
+class _WorkerData:
+    """The most bytes the worker's stored data held on the device, the host and disk
+    (dask-cuda's DeviceHostFile), polled every ``interval`` seconds."""
+
+    def __init__(self, client: Any, interval: float = 0.5):
+        self.client, self.interval = client, interval
+        self.peak = {"device": 0, "host": 0, "disk": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _held(dask_worker: Any) -> dict[str, int]:
+        data = dask_worker.data
+        out = {}
+        for name, buffer in (("device", getattr(data, "device_buffer", None)),
+                             ("host", getattr(data, "host_buffer", None))):
+            fast = getattr(buffer, "fast", None)
+            slow = getattr(buffer, "slow", None)
+            if fast is not None:
+                out[name] = int(fast.total_weight)
+            if name == "host" and slow is not None:
+                out["disk"] = int(getattr(slow, "total_weight", 0) or 0)
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                for held in self.client.run(self._held).values():
+                    for k, v in held.items():
+                        self.peak[k] = max(self.peak[k], v)
+            except Exception:  # noqa: BLE001 - a busy worker: the next poll
+                pass
+
+    def __enter__(self) -> _WorkerData:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], Any]:
+    """One rung: the cluster, the plan, one timed run."""
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    options: dict[str, Any] = {"threads_per_worker": args.threads, "dashboard_address": ":0",
+                               "local_directory": str(args.workdir / "workers")}
+    if args.host_limit:
+        options["memory_limit"] = args.host_limit
+    if cap_gb:  # as the issue's ladder: a pool that starts at L and may grow to P
+        limit = int(args.limit_fraction * cap_gb * GB)
+        options.update(n_workers=1, device_memory_limit=limit, rmm_pool_size=limit,
+                       rmm_maximum_pool_size=int(cap_gb * GB),
+                       rmm_allocator_external_lib_list=["cupy"])
+        start = LocalCUDACluster
+    else:  # uncapped: src_dask.cluster's defaults on one GPU
+        options.update(gpus=1)
+        start = src_dask.cluster
+    entry: dict[str, Any] = {"cap_GB": cap_gb or None, "options": {k: str(v) for k, v in
+                                                                   options.items()}}
+    with start(**options) as cluster, Client(cluster) as client:
+        src_dask.src(*tiny_stack(args.phys), chi_out=4, seed=0, client=client)  # warm up
+        try:
+            plan = src_dask.plan(*trains, chi_out=args.chi_out, seed=0, client=client)
+        except MemoryError as err:
+            entry["refused"] = str(err)
+            print(f"cap {cap_gb} GB: the plan refuses it: {err}")
+            return entry, None
+        entry["plan"] = {"peak_device": plan.peak_device, "peak_host": plan.peak_host,
+                         "device_limit": plan.device_limit, "chunk": plan.chunk,
+                         "z_blocks_max": max(plan.z_blocks), "task_bytes": plan.task_bytes,
+                         "text": str(plan)}
+        print(plan, flush=True)
+        with PeakMemory(device) as peak, _WorkerData(client) as held:
+            start = time.perf_counter()
+            try:
+                y = src_dask.src(*trains, chi_out=args.chi_out, seed=0, client=client)
+            except Exception as err:  # noqa: BLE001 - a rung that fails is a result
+                entry["failed"] = f"{type(err).__name__}: {err}"[:2000]
+                print(f"cap {cap_gb} GB: FAILED {entry['failed'][:400]}", flush=True)
+                return entry, None
+            entry["seconds"] = time.perf_counter() - start
+        entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
+                             "device_baseline": peak.baseline.get("device_used"),
+                             "peak_host_rss": peak.peak.get("host_rss"),
+                             "stored_peak": held.peak}
+        if plan.peak_device:
+            entry["device_peak_measured_over_planned"] = (
+                (peak.peak.get("device_used", 0) - peak.baseline.get("device_used", 0))
+                / plan.peak_device)
+        entry["host_peak_measured_over_planned"] = peak.peak["host_rss"] / plan.peak_host
+    return entry, y
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
+    device = Device("gpu", cluster=True)
+    name = args.name or f"memory_ladder_dm{args.dm}" + ("_host" if args.host_limit else "")
+    out = output_path(args.out, f"{name}.json", args.quick)
+    sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
+    flops = src_flops(site_shapes(sp), args.chi_out)
+    record = Record("the memory ladder: the stack on one GPU worker with its RMM pool capped",
+                    device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out},
+                    flops=flops, flop_convention=CONVENTION, caps_GB=args.caps,
+                    limit_fraction=args.limit_fraction, host_limit=args.host_limit,
+                    threads=args.threads, runs={})
+    print(record.header())
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    record["generation"] = generate_inputs(sp, args.workdir, False)
+    trains = open_inputs(sp, args.workdir)
+    gemm = record["gemm_complex128"] = run_gemm(None, args.quick, device)
+    first = base = None
+    for cap in args.caps:
+        entry, y = rung(trains, cap, args, device)
+        if "seconds" in entry:
+            entry.update(**rates(flops["total"], entry["seconds"], gemm))
+            if first is None:
+                first, base = y, entry["seconds"]
+            entry["core_diff_vs_first"] = core_difference(first, y)
+            entry["time_over_first"] = entry["seconds"] / base
+        record["runs"][f"cap{cap:g}"] = entry
+        record.write(out)
+    rows = []
+    for key, e in record["runs"].items():
+        plan = e.get("plan", {})
+        m = e.get("measured", {})
+        rows.append([key, e.get("seconds", e.get("failed", e.get("refused", ""))[:40]),
+                     e.get("time_over_first"), e.get("fraction_of_gemm"),
+                     (plan.get("peak_device") or 0) / GB,
+                     ((m.get("peak_device_used") or 0) - (m.get("device_baseline") or 0)) / GB,
+                     (plan.get("peak_host") or 0) / GB, (m.get("peak_host_rss") or 0) / GB,
+                     m.get("stored_peak", {}).get("host", 0) / GB,
+                     m.get("stored_peak", {}).get("disk", 0) / GB, e.get("core_diff_vs_first")])
+    print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB",
+                 "plan host GB", "meas host GB", "on host GB", "on disk GB", "core diff"],
+                rows)
+    return record
+
+
+if __name__ == "__main__":
+    main()
