@@ -618,3 +618,28 @@ def test_split_pass_2_on_gpu_workers_gives_the_cpu_cores_for_odd_stacks(tmp_path
     logs = "".join(p.read_text()[-2000:] for p in (tmp_path / "two/logs").glob("node*.log"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:] + logs
     assert f"checked 5 stacks on {workers} GPU workers" in run.stdout + run.stderr
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, threads):
+    """The src-method stack at D_M=256 (environments ~0.74 GB) on one worker whose RMM
+    pool starts at 256 MB and may grow to 640 MB, as a smaller GPU would: the plan
+    keeps its peak within the pool, the data spill to host memory, every step that
+    still runs out is computed in pieces, and the cores are the uncapped run's."""
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    trains = [t.to_numpy() for t in src_dask.problems.stack(12, 256, seed=3).values()]
+    ref = _on("gpu", *trains, chi_out=256, seed=1)
+    with LocalCUDACluster(n_workers=1, threads_per_worker=threads,
+                          device_memory_limit="256MB", rmm_pool_size="256MB",
+                          rmm_maximum_pool_size="640MB",
+                          rmm_allocator_external_lib_list=["cupy"],
+                          local_directory=str(tmp_path), dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        plan = src_dask.plan(*trains, chi_out=256, seed=1, client=client)
+        assert plan.peak_device <= plan.device_memory <= 640e6, plan
+        y = src_dask.src(*trains, chi_out=256, seed=1, client=client)
+    assert plan.env_bytes > 640e6
+    _same(y, ref, tol=1e-10, dense=False)

@@ -129,16 +129,19 @@ def test_planned_tasks_fit_a_small_worker(tmp_path, depth, bond, n, chi, store):
 
 @pytest.mark.slow  # ~1-3 min each on 2 cores: `make test-slow`
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("limit, store", [(350 * 2**20, False), (DEEP_LIMIT, True)])
-def test_an_environment_larger_than_a_task_is_summed_in_row_blocks(tmp_path, limit, store):
+@pytest.mark.parametrize("n, limit, store, times", [(84, 350 * 2**20, False, 8),
+                                                     (44, DEEP_LIMIT, True, 4)])
+def test_an_environment_larger_than_a_task_is_summed_in_row_blocks(tmp_path, n, limit, store,
+                                                                   times):
     """Depth 3, bonds 16, chi_out 600 on two workers of 350-400 MiB: pass 2 sums an
     environment of 600 x 16^3 numbers (39 MB, twice with its parts), more than a task
     may use between what Dask spills down to and the pause threshold; the environments
-    (1.7 GB) are over 4x both workers' memory. The plan sums each environment in the
+    (1.7-3.3 GB) are 4-9x a worker's memory. The plan sums each environment in the
     row blocks of the next projected core, so no task holds one whole: the run
     completes with every worker's peak RSS under its limit and the cores of an
     in-memory run (it was refused with a PlanError before)."""
-    trains = _deep_stack(3, 44, 16)
+    assert 600 * 16**3 * 16 * (n - 1) >= times * limit
+    trains = _deep_stack(3, n, 16)
     ref = src_dask.src(*trains, chi_out=600, seed=2)  # unconstrained, this process
     with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit,
                       dashboard_address=":0",
@@ -151,7 +154,6 @@ def test_an_environment_larger_than_a_task_is_summed_in_row_blocks(tmp_path, lim
         y = src_dask.src(*trains, chi_out=600, seed=2, client=client,
                          store=tmp_path / "run" if store else None)
         peaks = peak_rss(client)
-    assert 600 * 16**3 * 16 * 43 >= 4 * 2 * limit
     assert set(peaks) == workers  # no worker was lost or restarted
     assert all(p < limit for p in peaks.values()), peaks
     _assert_same(y, ref)

@@ -237,9 +237,10 @@ def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, workers=1):
 @pytest.mark.parametrize("device_mib", [24, 48, 96])
 def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
     """For several depths and device sizes (the data of these stacks are 1-31 MiB):
-    with the device limit at 0.7, the data kept on the device and the task fit the
-    device less its headroom, or the task keeps the memory-fraction share (when that
-    is smaller, or the data leave less than pass 2 needs) and never exceeds it."""
+    with the device limit at 0.7, the data kept on the device (the inputs read ahead
+    too) and the task fit the device less its headroom, or the task keeps the
+    memory-fraction share (when that is smaller, or the data leave less than pass 2
+    needs) and never exceeds it."""
     from src_dask import _estimate
 
     stack = _deep(depth, n=12, bond=16)
@@ -251,7 +252,8 @@ def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
         return  # refused before any work: not even the fraction share fits
     share = _plan.task_bytes(_facts(device, 1), "gpu")
     data = max(_estimate.data_held(stack, plan, 1, False))
-    room = int(0.95 * device - min(data, keep))
+    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+    room = int(0.95 * device - min(data + ahead, keep))
     assert plan.task_bytes == min(share, room) or (room < plan.task_bytes == share)
     if (depth, device_mib) == (3, 48):  # the data crowd this one: sized to the device
         assert plan.task_bytes == room < share
@@ -276,19 +278,21 @@ def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
     assert plan.task_bytes == _plan.task_bytes(_facts(140 * GIB, 4), "gpu")
 
 
-def test_data_that_leave_too_little_keep_the_fraction_share(caplog):
-    """A device whose kept data leave less than pass 2's environment sum needs: the
-    tasks keep the memory-fraction share (dask-cuda spills, OOM halving splits)
-    rather than refusing a run that fits that share; said at INFO."""
-    import logging
+def test_data_that_leave_little_get_tasks_that_fit_beside_them():
+    """A device whose data leave less than pass 2's environment sum needs (nothing
+    spills: no device limit): the tasks are sized to what the data leave, and the
+    environments summed in row blocks, rather than refused or given more than the
+    device has."""
+    from src_dask import _estimate
 
     stack = _deep(3, n=12, bond=16)  # 31 MiB of data, pass 2 sums 8 MiB environments
     device = 32 * 2**20
-    with caplog.at_level(logging.INFO, logger="src_dask"):
-        plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
-    assert plan.task_bytes == _plan.task_bytes(_facts(device, 1), "gpu")
-    assert any("leave" in r.getMessage() and "expect spilling" in r.getMessage()
-               for r in caplog.records)
+    plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
+    data = max(_estimate.data_held(stack, plan, 1, False))
+    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+    assert plan.task_bytes == _plan.device_task_bytes(device, None, data, 1, ahead)
+    assert plan.task_bytes < _plan.task_bytes(_facts(device, 1), "gpu")
+    assert any(_plan.SweepPlan.decide(stack, plan, None).cut_env)
 
 
 def test_the_environment_sum_may_use_every_threads_share():
@@ -304,8 +308,14 @@ def test_the_environment_sum_may_use_every_threads_share():
     _plan.check_fits(stack, four)
     assert _plan.kind_bytes(four, "update") == 16 * 2**20
     assert _plan.kind_bytes(four, "project") == 4 * 2**20
-    with pytest.raises(PlanError, match="for the environment it sums"):
-        _plan.check_fits(stack, _plan_of(sketch=sketch, chunk=8, task_bytes=4 * 2**20))
+    # one thread's share: the environment is summed in row blocks instead
+    one = _plan_of(sketch=sketch, chunk=8, task_bytes=4 * 2**20)
+    _plan.check_fits(stack, one)
+    assert max(_plan.env_blocks(stack, one, j) for j in range(stack.n)) > 1
+    assert max(_plan.env_blocks(stack, four, j) for j in range(stack.n)) == 1
+    # one row of it that does not fit is refused, naming what it needs
+    with pytest.raises(PlanError, match=r"one row of the environment pass 2 sums needs"):
+        _plan.env_blocks(stack, _plan_of(sketch=sketch, chunk=8, task_bytes=2**10), 6)
 
 
 def test_gpu_workers_on_a_slow_link_are_warned_of():

@@ -221,8 +221,9 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
         data = max(_estimate.data_held(stack, plan, workers.count, store))
+        ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
-                                       workers.threads)
+                                       workers.threads, ahead)
         if task < plan.task_bytes:
             try:
                 smaller = sized(task)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from . import _kernels as K
+from . import config
 from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, z_rows
 from ._stack import Stack
 
@@ -49,7 +50,8 @@ class RunPlan:
     peak_device: int | None
     spilled: int  # environment bytes a worker is expected to spill (to host or disk)
     host_limit: int | None = None
-    device_limit: int | None = None
+    device_limit: int | None = None  # stored data beyond it spills to host (dask-cuda's)
+    device_memory: int | None = None  # what its arrays may take: the GPU or its RMM pool
     where: str = ""  # the scheduler's address, or Dask's local scheduler
 
     @property
@@ -74,7 +76,8 @@ class RunPlan:
             f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
             f"run store {b(self.store_bytes)} of disk",
             f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
-            + (f", device {b(self.peak_device)}{limit(self.device_limit)}"
+            + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
+               + (f", data spilled beyond {b(self.device_limit)}" if self.device_limit else "")
                if self.peak_device is not None else "")
             + (f"; spills about {b(self.spilled)}" if self.spilled else ""),
             "  FLOPs: " + ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items())
@@ -99,17 +102,23 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     item = stack.dtype.itemsize
     inputs = sum(math.prod(s) * item for j in range(stack.n) for s in stack.shapes(j))
     mine = _share(plan, workers.count)
-    ahead = _inputs_in_flight(stack, sweep)
-    pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * _pass1_task(stack,
+    ahead = inputs_in_flight(stack, sweep.lookahead)
+    pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * pass1_task(stack,
                                                                                  plan.chunk)
     threads = 1 if sweep.pass2.together else workers.threads
-    tasks_at = [pass1 + ahead] + [threads * _pass2_task(stack, sweep, j) + ahead
-                                  for j in range(stack.n - 1, -1, -1)]
-    held = list(zip(data_held(stack, plan, workers.count, store), tasks_at, strict=True))
+    tasks_at = [pass1] + [threads * _pass2_task(stack, sweep, j)
+                          for j in range(stack.n - 1, -1, -1)]
+    # inputs read ahead of their use are stored data too (dask-cuda spills them with
+    # the rest beyond its device limit)
+    held = [(data + ahead, running) for data, running in
+            zip(data_held(stack, plan, workers.count, store), tasks_at, strict=True)]
     device_keep = workers.device_limit if plan.device == "gpu" else None
+    usable = usable_device(workers) if plan.device == "gpu" else None
     peak_host = peak_device = spilled = 0
     for data, running in held:
         here = data if device_keep is None else min(data, device_keep)
+        if usable is not None:  # data a task needs room from is spilled (``_oom``)
+            here = min(here, max(0, usable - running))
         host = data - here if plan.device == "gpu" else data
         kept = host if workers.keep is None else min(host, workers.keep)
         spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
@@ -126,7 +135,15 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit,
-        where=where)
+        device_memory=usable, where=where)
+
+
+def usable_device(workers: Workers) -> int | None:
+    """The device memory a GPU worker's arrays may take: its GPU's, or what its RMM
+    pool may grow to, less ``device-headroom``."""
+    if not workers.device_memory:
+        return None
+    return int((1 - config.get("device-headroom")) * workers.device_memory)
 
 
 def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float]:
@@ -162,13 +179,13 @@ def _environments(stack: Stack, plan: Plan, share: float) -> list[float]:
                     for j in range(1, stack.n)]
 
 
-def _pass1_task(stack: Stack, chunk: int) -> int:
+def pass1_task(stack: Stack, chunk: int) -> int:
     """Bytes of pass 1's largest task: a block of ``chunk`` columns through one site,
-    its environment in and the contraction's temporaries and result."""
-    eq = K._sketch_step_eq(len(stack.factors))
-    most = max(K.contraction_elements(eq, _sketch_shapes(stack, j, chunk))
-               + chunk * math.prod(stack.left_bonds(j)) for j in range(stack.n))
-    return most * stack.dtype.itemsize
+    as the plan sizes it (``_kernels.sketch_step_bytes`` a column: its environment
+    in and out and the contraction's largest intermediates)."""
+    from ._plan import _shapes
+
+    return chunk * max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
 
 
 def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
@@ -196,11 +213,11 @@ def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
             * stack.down(j) * stack.dtype.itemsize)
 
 
-def _inputs_in_flight(stack: Stack, sweep: SweepPlan) -> int:
-    """Input cores read ahead of their use (``lookahead`` sites)."""
+def inputs_in_flight(stack: Stack, lookahead: int) -> int:
+    """Input cores read ahead of their use (``lookahead`` sites, and the site in use)."""
     item = stack.dtype.itemsize
     site = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n)) * item
-    return (sweep.lookahead + 1) * site
+    return (lookahead + 1) * site
 
 
 # -- FLOPs ------------------------------------------------------------------------------

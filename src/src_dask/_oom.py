@@ -39,24 +39,27 @@ def is_oom(err: BaseException) -> bool:
     return "ALLOC_FAILED" in text or "out of memory" in text.lower()
 
 
-def _free_cached(xp: Any) -> None:
+def _free_cached(xp: Any, need: int) -> None:
     """Give memory back before a smaller attempt: the pools' cached blocks and, on a
-    GPU, stored data spilled to host memory (:func:`_spill_device_data`)."""
+    GPU, ``need`` bytes of stored data spilled to host memory
+    (:func:`_spill_device_data`)."""
     if xp.__name__ == "cupy":
         xp.get_default_memory_pool().free_all_blocks()
         xp.get_default_pinned_memory_pool().free_all_blocks()
-        _spill_device_data()
+        _spill_device_data(need)
 
 
-def _spill_device_data(share: float = 0.5) -> int:
+def _spill_device_data(need: int) -> int:
     """Spill the least recently used data a dask-cuda worker keeps on its device to
-    host memory until it holds at most ``share`` of its device limit; the bytes
+    host memory, at least ``need`` bytes (what the failed attempt wanted); the bytes
     moved (0 outside such a worker).
 
     dask-cuda spills stored data only when a new result takes the device buffer
     past its limit, so a task's temporaries can meet a device whose pool is full
     of data the worker would gladly move; a running task holds its own inputs,
-    which the LRU order moves last. zict's buffers are thread-safe (zict >= 3)."""
+    which the LRU order moves last. Only what the attempt needs is moved: what
+    is spilled comes back over the host link when it is used. zict's buffers are
+    thread-safe (zict >= 3)."""
     try:
         from distributed import get_worker
 
@@ -68,7 +71,7 @@ def _spill_device_data(share: float = 0.5) -> int:
     if fast is None or not limit:
         return 0
     moved = 0
-    while fast.total_weight > share * limit:
+    while moved < need:
         try:
             _, _, weight = fast.evict()
         except KeyError:  # nothing left to spill
@@ -139,7 +142,7 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
             ) from err
     # Out of the except clause: the failed attempt's temporaries, which its
     # traceback holds on to, are released before the pool is emptied.
-    _free_cached(out.xp)
+    _free_cached(out.xp, per_row * (b - a))
     half = (b - a + 1) // 2
     before = _FITS.get(key)
     _FITS[key] = min(before or half, half)

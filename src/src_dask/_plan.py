@@ -266,16 +266,20 @@ def task_bytes(workers: Workers, device: str) -> int | None:
     return int(share / max(1, workers.threads))
 
 
-def device_task_bytes(memory: int, keep: int | None, data: float, threads: int) -> int:
-    """The device memory one task may use on a GPU of ``memory`` bytes that keeps up
-    to ``keep`` bytes of stored data before spilling (dask-cuda's device limit; None:
-    nothing spills) while the run stores ``data`` bytes at most: what the kept data
-    leaves of the device, less ``device-headroom`` (the CUDA context, cuBLAS's
-    workspaces, the allocator's fragmentation), shared by ``threads`` tasks. At least
-    the headroom's worth: a run whose data crowd the device out still runs, its
-    tasks halved on out-of-memory errors and its data spilled."""
+def device_task_bytes(memory: int, keep: int | None, data: float, threads: int,
+                      ahead: int = 0) -> int:
+    """The device memory one task may use on a GPU of ``memory`` bytes (or whose RMM
+    pool may grow to that) that keeps up to ``keep`` bytes of stored data before
+    spilling (dask-cuda's device limit; None: nothing spills) while the run stores
+    ``data`` bytes at most and ``ahead`` bytes of inputs read ahead of their use (data
+    too, which dask-cuda spills with the rest): what the kept data leave of the
+    device, less ``device-headroom`` (the CUDA context, cuBLAS's workspaces, the
+    allocator's fragmentation), shared by ``threads`` tasks. At least the headroom's
+    worth: a run whose data crowd the device out still runs, its data spilled to host
+    memory as its tasks need room (``_oom``) and its tasks halved on out-of-memory
+    errors."""
     headroom = config.get("device-headroom") * memory
-    kept = data if keep is None else min(data, keep)
+    kept = data + ahead if keep is None else min(data + ahead, keep)
     return int(max(memory - headroom - kept, headroom) / max(1, threads))
 
 
