@@ -112,6 +112,9 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
+    with PeakMemory(device) as idle:  # the device before the cluster (its pool) starts
+        pass
+
     options: dict[str, Any] = {"threads_per_worker": args.threads, "dashboard_address": ":0",
                                "local_directory": str(args.workdir / "workers")}
     if args.host_limit:
@@ -150,12 +153,12 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                 return entry, None
             entry["seconds"] = time.perf_counter() - start
         entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
-                             "device_baseline": peak.baseline.get("device_used"),
+                             "device_baseline": idle.baseline.get("device_used"),
                              "peak_host_rss": peak.peak.get("host_rss"),
                              "stored_peak": held.peak}
         if plan.peak_device:
             entry["device_peak_measured_over_planned"] = (
-                (peak.peak.get("device_used", 0) - peak.baseline.get("device_used", 0))
+                (peak.peak.get("device_used", 0) - idle.baseline.get("device_used", 0))
                 / plan.peak_device)
         entry["host_peak_measured_over_planned"] = peak.peak["host_rss"] / plan.peak_host
     return entry, y

@@ -190,7 +190,7 @@ def test_oom_halving_with_a_cupy_pool_limit(caplog):
         return _oom.halving(lambda a, b: K.sketch_step(env[a:b], [mpo, mps], omega=omega[a:b],
                                                         site=3),
                             2048, xp=cupy, run="oom-test", step="pass 1", site=3,
-                            bytes_per_column=K.sketch_step_bytes([mpo, mps]))
+                            bytes_per_row=K.sketch_step_bytes([mpo, mps]))
 
     ref = step().get()
     pool = cupy.get_default_memory_pool()
