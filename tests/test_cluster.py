@@ -427,3 +427,17 @@ def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog):
     asked.clear()
     src_dask.plan(a, x, chi_out=12, client=cluster_client)
     assert len(asked) == 1
+
+
+def test_worker_facts_say_where_the_workers_spill_and_what_is_free(tmp_path):
+    """Two workers spilling under one local directory share its file system's room."""
+    import shutil
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="300MiB",
+                      dashboard_address=":0", local_directory=str(tmp_path)) as cluster, \
+            Client(cluster) as client:
+        facts = C.worker_facts(client, "cpu")
+    assert facts.disk_sharing == 2
+    assert facts.spill_dir.startswith(str(tmp_path))
+    free = shutil.disk_usage(tmp_path).free
+    assert 0.5 * free < facts.disk_free < 2 * free

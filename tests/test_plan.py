@@ -361,3 +361,37 @@ def test_src_warns_of_a_slow_link_once_a_cluster(monkeypatch, caplog, cluster_cl
             if r.levelno == logging.WARNING] == ["src: a slow link"]
     assert seen == [2]
     assert np.isfinite(y.norm())
+
+
+# -- device -> host -> disk: what spills to disk must fit there ----------------------------
+def _cpu_workers(disk_free: int, sharing: int = 2) -> _plan.Workers:
+    mib = 2**20
+    return _plan.Workers(count=2, threads=1, rss=100 * mib, host_limit=400 * mib,
+                         keep=140 * mib, room=120 * mib, memory=400 * mib,
+                         disk_free=disk_free, disk_sharing=sharing, spill_dir="/spill/here")
+
+
+def test_spilling_beyond_the_free_disk_is_refused_before_any_work():
+    """Environments 4x the workers' memory spill to the disk under their local
+    directory; where that disk lacks the room (for every worker that spills there)
+    the run is refused at once, naming the directory and both sizes."""
+    import dataclasses
+
+    from src_dask import _api, _estimate
+
+    stack = _deep(3, n=20, bond=16)
+    roomy = _cpu_workers(disk_free=2**40)
+    plan = _api.decide_plan(stack, 600, 0, 0.0, None, device="cpu", workers=roomy, slots=2)
+    sweep = _plan.SweepPlan.decide(stack, plan, None)
+    to_disk = _estimate.estimate(stack, sweep, roomy, store=False, tasks=0, store_bytes=0,
+                                 product="").to_disk
+    assert to_disk > 100 * 2**20  # most of the environments go to disk
+    _api._check_spill_room(stack, plan, None, roomy, False)  # room enough: no error
+    for free, sharing in ((to_disk // 2, 1), (int(1.5 * to_disk), 2)):
+        short = dataclasses.replace(roomy, disk_free=free, disk_sharing=sharing)
+        with pytest.raises(OSError, match=r"/spill/here: the workers would spill about .* to "
+                                          r"disk there .* but only .* are free"):
+            _api._check_spill_room(stack, plan, None, short, False)
+    # with a run store the environments go to the store, not to the workers' disk
+    _api._check_spill_room(stack, plan, None,
+                           dataclasses.replace(roomy, disk_free=to_disk // 2), True)

@@ -9,6 +9,7 @@ store when there is one (:mod:`._runstore`), and computes the graph
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import numbers
@@ -158,7 +159,27 @@ def _prepare(trains: tuple[Any, ...], chi_out: Any, oversample: Any, cutoff: Any
     store = None if store is None else _runstore.check_path(store)
     stack = make_stack(trains, dtype)
     plan, facts = _plan_for(stack, chi_out, extra, cutoff, chunk, client, store is not None)
+    _check_spill_room(stack, plan, client, facts, store is not None)
     return _Call(stack, plan, client, store, seed, extra, facts)
+
+
+def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
+                      store: bool) -> None:
+    """An ``OSError`` (ENOSPC) before any work where what the workers would spill to
+    disk beyond their memory (the plan's estimate, per worker, times the workers
+    that spill to the same file system) does not fit what is free there."""
+    if facts.disk_free is None:
+        return
+    workers = None if client is None else sorted(client.scheduler_info()["workers"])
+    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    need = _estimate.estimate(stack, sweep, facts, store=store, tasks=0, store_bytes=0,
+                              product="").to_disk * facts.disk_sharing
+    if need > facts.disk_free:
+        b = dask.utils.format_bytes
+        raise OSError(errno.ENOSPC, f"{facts.spill_dir}: the workers would spill about "
+                      f"{b(need)} of environments to disk there (beyond their memory), but "
+                      f"only {b(facts.disk_free)} are free; give them more memory, a "
+                      "local_directory on a larger disk, or a run store (store=) on one")
 
 
 class _Call(NamedTuple):

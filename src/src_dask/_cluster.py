@@ -46,6 +46,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import weakref
@@ -309,12 +310,21 @@ def worker_facts(client: Any, device: str) -> Workers:
         values = [f[key] for f in facts]
         return None if None in values else min(values)
 
+    shared: dict[Any, list[dict[str, Any]]] = {}
+    for f in facts:
+        if f.get("disk_id") is not None:
+            shared.setdefault(f["disk_id"], []).append(f)
+    # the file system the most workers spill to: its free bytes, shared by them
+    busiest = max(shared.values(), key=lambda fs: (len(fs), -fs[0]["disk_free"]), default=[])
     return Workers(count=len(facts), threads=max(1, threads),
                    rss=max(f["rss"] for f in facts), host_limit=smallest("host_limit"),
                    keep=smallest("keep"), device_limit=smallest("device_limit"),
                    device_memory=smallest("device_memory"), room=smallest("room"),
                    available=smallest("available"), memory=smallest("memory"),
-                   in_client=all(f["in_client"] for f in facts))
+                   in_client=all(f["in_client"] for f in facts),
+                   disk_free=busiest[0]["disk_free"] if busiest else None,
+                   disk_sharing=len(busiest),
+                   spill_dir=busiest[0]["spill_dir"] if busiest else None)
 
 
 def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
@@ -343,13 +353,26 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         if device_memory and pool:  # all the worker's arrays may get
             device_memory = min(device_memory, pool)
         device_limit = _device_limit(getattr(dask_worker, "data", None)) or device_memory
+    spill_dir = getattr(dask_worker, "local_directory", None)
+    disk = _disk(spill_dir) if spill_dir else None
     return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,
-            "available": available,
+            "available": available, "spill_dir": spill_dir,
+            "disk_free": None if disk is None else disk[0],
+            # workers that spill to one file system share its room
+            "disk_id": None if disk is None else (socket.gethostname(), disk[1]),
             # a worker in the client's process: its memory is the client's too
             "in_client": dask_worker is not None and os.getpid() == client_pid,
             "memory": device_memory if device == "gpu" else _memory("cpu", dask_worker),
             "device_limit": int(device_limit) if device_limit else None,
             "device_memory": device_memory}
+
+
+def _disk(path: str) -> tuple[int, int] | None:
+    """Free bytes of the file system under ``path``, and its device number."""
+    try:
+        return shutil.disk_usage(path).free, os.stat(path).st_dev
+    except OSError:
+        return None
 
 
 def _device_limit(data: Any) -> int | None:

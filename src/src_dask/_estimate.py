@@ -49,6 +49,7 @@ class RunPlan:
     peak_host: int
     peak_device: int | None
     spilled: int  # environment bytes a worker is expected to spill (to host or disk)
+    to_disk: int = 0  # of which beyond its host memory: to its local directory's disk
     host_limit: int | None = None
     device_limit: int | None = None  # stored data beyond it spills to host (dask-cuda's)
     device_memory: int | None = None  # what its arrays may take: the GPU or its RMM pool
@@ -79,7 +80,8 @@ class RunPlan:
             + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
                + (f", data spilled beyond {b(self.device_limit)}" if self.device_limit else "")
                if self.peak_device is not None else "")
-            + (f"; spills about {b(self.spilled)}" if self.spilled else ""),
+            + (f"; spills about {b(self.spilled)}" if self.spilled else "")
+            + (f", {b(self.to_disk)} of it to disk" if self.to_disk else ""),
             "  FLOPs: " + ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items())
             + f" (total {self.total_flops:.3g}); {self.tasks} tasks",
         ]
@@ -114,7 +116,7 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
             zip(data_held(stack, plan, workers.count, store), tasks_at, strict=True)]
     device_keep = workers.device_limit if plan.device == "gpu" else None
     usable = usable_device(workers) if plan.device == "gpu" else None
-    peak_host = peak_device = spilled = 0
+    peak_host = peak_device = spilled = to_disk = 0
     for data, running in held:
         here = data if device_keep is None else min(data, device_keep)
         if usable is not None:  # data a task needs room from is spilled (``_oom``)
@@ -122,6 +124,7 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         host = data - here if plan.device == "gpu" else data
         kept = host if workers.keep is None else min(host, workers.keep)
         spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
+        to_disk = max(to_disk, host - kept)
         if plan.device == "gpu":
             peak_device = max(peak_device, here + running)
             peak_host = max(peak_host, workers.rss + kept)
@@ -134,8 +137,8 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
-        spilled=int(spilled), host_limit=workers.host_limit, device_limit=workers.device_limit,
-        device_memory=usable, where=where)
+        spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
+        device_limit=workers.device_limit, device_memory=usable, where=where)
 
 
 def usable_device(workers: Workers) -> int | None:

@@ -231,6 +231,9 @@ class Workers:
     available: int | None = None  # memory the machine has available (no limit)
     memory: int | None = None  # its memory for arrays: the GPU's, else its limit or total
     in_client: bool = False  # it runs in the client's process (its limit is all it has)
+    disk_free: int | None = None  # free bytes where the workers spill to disk (None: unknown)
+    disk_sharing: int = 1  # workers that spill to that file system
+    spill_dir: str | None = None  # where (one of them)
 
 
 # Every task's working set is sized against ``task_bytes``: the memory the tasks that
