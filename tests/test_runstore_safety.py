@@ -366,3 +366,20 @@ def test_overwrite_retries_while_files_appear_then_says_why(tmp_path, monkeypatc
         OSError(39, "Directory not empty")))
     with pytest.raises(StoreError, match="cannot be removed .*still writing"):
         rs._rmtree(str(tmp_path / "env"))
+
+
+def test_a_store_of_another_number_of_sites_holds_another_run_not_a_damaged_one(tmp_path):
+    """A run store of 6 sites asked for a run of 5: the error says it holds another
+    run and how it differs (the store is intact; overwrite=True replaces it)."""
+    from src_dask.errors import OverwriteNeededError
+
+    store = tmp_path / "run"
+    src_dask.apply(random_mpo(6, 3, seed=1), random_mps(6, 6, seed=2), 8, seed=0, store=store)
+    five = (random_mpo(5, 3, seed=1), random_mps(5, 6, seed=2))
+    with pytest.raises(OverwriteNeededError, match=r"holds a run of other inputs or options "
+                                                   r"\(differs in .*sites: it holds 6, this "
+                                                   r"run has 5\)") as err:
+        src_dask.apply(*five, 8, seed=0, store=store)
+    assert "damaged" not in str(err.value)
+    y = src_dask.apply(*five, 8, seed=0, store=store, overwrite=True)
+    assert len(y) == 5

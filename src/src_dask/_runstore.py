@@ -162,9 +162,11 @@ class RunStore:
             if attrs.get("format") != FORMAT:
                 raise PathRefusedError(f"{path}: exists and is not a src_dask run store; "
                                        "src_dask does not replace it")
-            problem = _metadata_problem(attrs, stack.n)
+            problem = _metadata_problem(attrs)
             wanted = _jsonable({**fingerprint, "seed": attrs.get("seed") if seed is None
                                 else seed})
+            if problem is None and attrs["sites"] != stack.n:  # another run, not damaged
+                wanted["sites"] = stack.n
             if problem is None and attrs["fingerprint"] == wanted:
                 store = cls(path, attrs["run_id"])
                 return store, store._checked_progress(attrs, stack), attrs["seed"], \
@@ -174,9 +176,12 @@ class RunStore:
                     raise OverwriteNeededError(
                         f"{path}: the run store's metadata is damaged ({problem})",
                         "pass overwrite=True to start the run anew")
-                stored = attrs["fingerprint"]
+                stored = {**attrs["fingerprint"], "sites": attrs["sites"]}
                 diff = sorted(k for k in set(stored) | set(wanted)
-                              if stored.get(k) != wanted.get(k))
+                              if k in wanted and stored.get(k) != wanted.get(k))
+                if "sites" in diff:
+                    diff[diff.index("sites")] = (f"sites: it holds {attrs['sites']}, "
+                                                 f"this run has {stack.n}")
                 raise OverwriteNeededError(f"{path}: holds a run of other inputs or options "
                                            f"(differs in {', '.join(diff)})")
             _paths.check_space(path, planned_bytes(stack, sketch), "the run store")
@@ -380,8 +385,7 @@ def describe(path: str) -> dict[str, Any]:
     attrs = read_attrs(path)
     if not attrs or attrs.get("format") != FORMAT:
         raise StoreError(f"{path}: not a src_dask run store")
-    problem = _metadata_problem(attrs, attrs.get("sites") if isinstance(attrs.get("sites"), int)
-                                else -1)
+    problem = _metadata_problem(attrs)
     if problem is not None:
         raise StoreError(f"{path}: the run store's metadata is damaged ({problem})")
     fingerprint = dict(attrs["fingerprint"])
@@ -437,9 +441,10 @@ class _SameRun:
                              "want to keep, or save them with src_dask.save)")
 
 
-def _metadata_problem(attrs: dict, sites: int) -> str | None:
+def _metadata_problem(attrs: dict) -> str | None:
     """What is wrong with a run store's attributes (hand-edited, or another
-    version), or None."""
+    version), or None. (A store of another number of sites is not damaged: it holds
+    another run.)"""
     for key, kind in _ATTRS.items():
         value = attrs.get(key)
         if key not in attrs:
@@ -450,7 +455,7 @@ def _metadata_problem(attrs: dict, sites: int) -> str | None:
         return f"format version {attrs['version']}, this src_dask writes {VERSION}"
     if attrs["sketch"] < 1 or not 1 <= attrs["chunk"] <= attrs["sketch"]:
         return f"sketch {attrs['sketch']} and chunk {attrs['chunk']} do not make blocks"
-    if attrs["sites"] != sites or attrs["seed"] < 0:
+    if attrs["sites"] < 2 or attrs["seed"] < 0:
         return f"sites {attrs['sites']}, seed {attrs['seed']}"
     return None
 
