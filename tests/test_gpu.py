@@ -439,6 +439,7 @@ def test_plan_counts_no_more_device_than_the_rmm_pool_may_take():
     """A worker whose RMM pool may grow to 0.6 of the GPU has 0.6 of it for the plan
     (of the GPU's memory as dask-cuda counts it, NVML's total: 0.4 % more than CUDA's
     on an H200)."""
+    pytest.importorskip("rmm", reason="RMM's pools need rmm (the gpu extra's UCX stack)")
     from dask_cuda.utils import get_device_total_memory
     from distributed import Client
 
@@ -627,6 +628,7 @@ def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, thre
     pool starts at 256 MB and may grow to 640 MB, as a smaller GPU would: the plan
     keeps its peak within the pool, the data spill to host memory, every step that
     still runs out is computed in pieces, and the cores are the uncapped run's."""
+    pytest.importorskip("rmm", reason="RMM's pools need rmm (the gpu extra's UCX stack)")
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
