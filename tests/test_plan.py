@@ -395,3 +395,14 @@ def test_spilling_beyond_the_free_disk_is_refused_before_any_work():
     # with a run store the environments go to the store, not to the workers' disk
     _api._check_spill_room(stack, plan, None,
                            dataclasses.replace(roomy, disk_free=to_disk // 2), True)
+
+
+def test_the_plan_imports_no_cluster_helpers():
+    """The plan is pure: it decides from facts it is given, and the cluster helpers
+    build on it (no import cycle between ``_plan`` and ``_cluster``)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(_plan))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(m and m.endswith("_cluster") for m in imported), imported

@@ -56,6 +56,8 @@ from typing import TYPE_CHECKING, Any
 import dask
 import dask.utils
 
+from ._plan import is_ucx
+
 if TYPE_CHECKING:
     from ._plan import Workers
 
@@ -142,12 +144,6 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
     if 0 < fraction <= 1:
         return min(fraction, POOL_MAXIMUM), max(fraction, POOL_MAXIMUM)
     return limit, None
-
-
-def is_ucx(protocol: str | None) -> bool:
-    """Whether ``protocol`` (``"ucx"``, or an address such as ``"ucx://host:port"``)
-    is Dask's UCX comm."""
-    return protocol is not None and protocol.split("://")[0] in ("ucx", "ucxx")
 
 
 # -- what Dask's UCX comm waits for -----------------------------------------------------

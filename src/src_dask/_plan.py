@@ -18,7 +18,6 @@ from typing import Any
 import dask.utils
 
 from . import config
-from ._cluster import is_ucx
 from ._stack import Stack
 
 log = logging.getLogger("src_dask")
@@ -455,6 +454,12 @@ def _remedy() -> str:
 
 
 # -- the graph's shape ---------------------------------------------------------------------
+def is_ucx(protocol: str | None) -> bool:
+    """Whether ``protocol`` (``"ucx"``, or an address such as ``"ucx://host:port"``)
+    is Dask's UCX comm."""
+    return protocol is not None and protocol.split("://")[0] in ("ucx", "ucxx")
+
+
 def input_groups(device: str, workers: int) -> int:
     """How many workers prepare their own copy of the inputs: every GPU worker
     (moving a core between GPUs costs more than reading it again), one otherwise
