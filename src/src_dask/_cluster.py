@@ -385,14 +385,16 @@ def _device_limit(data: Any) -> int | None:
 
 def _below_pause(manager: Any, limit: int, rss: int) -> int:
     """What the tasks running at once may use and stay below the worker's pause
-    threshold: Dask spills stored data until its process is back at the target
-    fraction of the limit, so the tasks run on top of that (or of what the process
-    holds, if more). A worker past the threshold pauses, and one whose tasks keep
-    crossing it pauses and resumes ten times a second."""
+    threshold: Dask starts spilling stored data only once its process passes the
+    spill fraction of the limit (and then down to the target), so stored data may
+    hold the process at the spill fraction when a task starts, and the tasks run on
+    top of that (or of what the process holds, if more). A worker past the
+    threshold pauses, one whose tasks keep crossing it pauses and resumes ten times
+    a second, and past 95 % its nanny restarts it."""
     pause = getattr(manager, "memory_pause_fraction", False) or 0.95
     target = getattr(manager, "memory_target_fraction", False)
     spill = getattr(manager, "memory_spill_fraction", False)
-    settles = min([f for f in (target, spill) if f] or [0.0]) * limit
+    settles = max([f for f in (target, spill) if f] or [0.0]) * limit
     return int(max(0.0, pause * limit - max(rss, settles)))
 
 
