@@ -441,3 +441,19 @@ def test_worker_facts_say_where_the_workers_spill_and_what_is_free(tmp_path):
     assert facts.spill_dir.startswith(str(tmp_path))
     free = shutil.disk_usage(tmp_path).free
     assert 0.5 * free < facts.disk_free < 2 * free
+
+
+def test_a_tasks_room_starts_where_dask_starts_spilling():
+    """Dask spills stored data only once the process passes the spill fraction (then
+    down to the target), so the tasks may use what lies between that and the pause
+    threshold (or between what the process holds, if more, and the threshold)."""
+    from types import SimpleNamespace
+
+    manager = SimpleNamespace(memory_target_fraction=0.6, memory_spill_fraction=0.7,
+                              memory_pause_fraction=0.8)
+    assert C._below_pause(manager, 1000, 100) == 100  # 800 - 700
+    assert C._below_pause(manager, 1000, 750) == 50  # the process holds more already
+    assert C._below_pause(manager, 1000, 900) == 0
+    no_spill = SimpleNamespace(memory_target_fraction=False, memory_spill_fraction=False,
+                               memory_pause_fraction=0.8)
+    assert C._below_pause(no_spill, 1000, 100) == 700
