@@ -32,7 +32,7 @@ from typing import Any
 from accuracy import core_difference
 from device import Device, run_gemm
 from flops import CONVENTION, rates, src_flops
-from harness import Record, output_path, print_table
+from harness import Record, output_path, parser, print_table
 from memory import PeakMemory
 from problems import generate_inputs, open_inputs, site_shapes, stack_spec, tiny_stack
 
@@ -42,12 +42,11 @@ GB = 10**9
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__, quick="6 sites, D_M=16, chi_out=8, caps 0 and 1 GB", seed=0)
     p.add_argument("--dm", type=int, default=1000)
     p.add_argument("--chi-out", type=int, default=500)
     p.add_argument("--sites", type=int, default=50)
     p.add_argument("--phys", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--caps", type=float, nargs="+", default=[0, 80, 48, 24, 12],
                    help="RMM maximum pool sizes in GB (0: uncapped)")
     p.add_argument("--limit-fraction", type=float, default=2 / 3,
@@ -58,7 +57,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/src_dask_bench"))
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--name", default=None, help="record file name (default by D_M)")
-    p.add_argument("--quick", action="store_true", help="6 sites, D_M=16, chi_out=8")
     args = p.parse_args(argv)
     if args.quick:
         args.sites, args.dm, args.chi_out, args.caps = 6, 16, 8, [0, 1]

@@ -52,7 +52,7 @@
 #              and the event loops' stalls (stack_gpu_dm1000_xfer.json, its `transfers`
 #              field and table; each transfer in transfers_w2_memory.json); ~2 min
 # mpo, mpo1000, stackq and stack1 need quimb, x2, slurm and xfer the UCX wheels, x2 src-method.
-# Wheels: ../shared/tools/device-wheels --ucx --quimb (x2: --ucx --src-method), carried
+# Wheels: bash benchmarks/gpu_wheels.sh --ucx --quimb (x2: --ucx --src-method), carried
 # in .whl/ (installed by .whl/install.sh when present).
 # Extra options: PYTEST_ARGS, MPO_ARGS, STACK_ARGS (STACK_TIMEOUT: seconds per stack run
 # of the other parts, default 420).

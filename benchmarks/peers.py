@@ -60,7 +60,7 @@ def import_srcmethod() -> tuple[Any, str | None]:
         sm = importlib.import_module("src_method")
     except ImportError as err:
         return None, (f"src_method is not importable ({err}); install src-method=="
-                      f"{SRCMETHOD_VERSION} (device-wheels --src-method on the GPU machine)")
+                      f"{SRCMETHOD_VERSION} (gpu_wheels.sh --src-method on the GPU machine)")
     if not hasattr(sm, "Resources") or "devices" not in getattr(
             sm.Resources, "__dataclass_fields__", {}):
         return None, (f"src_method {getattr(sm, '__version__', '?')} has no "

@@ -14,7 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
            "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels",
-           "timeline")
+           "timeline", "bench_memory_ladder")
 #: What every table with a percentage of the GEMM rate states under it.
 FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
@@ -257,3 +257,26 @@ def test_timeline_splits_each_site_into_work_and_waits(tmp_path, capsys):
     packed.write_bytes(gzip.compress(path.read_bytes()))
     (again,), _ = _main("timeline", str(packed), capsys=capsys)
     assert again["chain"] == out["chain"] and again["pass2_s"] == out["pass2_s"]
+
+
+def test_gpu_wheels_pins_what_the_gpu_extra_pins():
+    """benchmarks/gpu_wheels.sh (the wheels carried to the GPU machine, which has no
+    package index) pins dask, distributed, dask-cuda and distributed-ucxx as
+    pyproject.toml's gpu extra does; the scripts and docs name it, not a file outside
+    the repository."""
+    import tomllib
+
+    root = BENCH.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    pins = dict(re.match(r"([\w-]+)(?:\[[\w,]+\])?==([\w.*]+)", r).groups() for r in extra
+                if "==" in r)
+    script = (BENCH / "gpu_wheels.sh").read_text()
+    values = dict(re.findall(r"^(\w+)=([\w.]+)", script, re.M))
+    assert pins["dask"] == values["DASK"]
+    assert pins["dask-cuda"].rstrip(".*") == values["DASK_CUDA"].rsplit(".", 1)[0]
+    assert pins["distributed-ucxx-cu13"].rstrip(".*") == values["UCXX"].rsplit(".", 1)[0]
+    assert subprocess.run(["bash", "-n", str(BENCH / "gpu_wheels.sh")]).returncode == 0
+    for path in [root / "README.md", *BENCH.glob("*.md"), *BENCH.glob("*.sh"),
+                 *BENCH.glob("*.py")]:
+        assert "shared/tools" not in path.read_text(), path
