@@ -644,3 +644,42 @@ def test_an_environment_no_task_may_hold_is_summed_in_row_blocks(limit, where, c
     for c, c0 in zip(y, ref, strict=True):
         c = np.asarray(c)
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+def test_a_run_whose_environments_are_summed_in_row_blocks_resumes(monkeypatch, tmp_path):
+    """With a run store, each row block of S_{j-1} saves its own rows (no task holds it
+    whole); a run stopped in pass 2 resumes from the last complete checkpoint: pass 1
+    is not done again, and the cores are the unbounded run's."""
+    from src_dask import _kernels as K
+    from src_dask import problems
+    from src_dask._graph import tasks
+
+    trains = (problems.random_mpo(8, 4, 2, seed=1), problems.random_mpo(8, 4, 2, seed=2),
+              problems.random_mps(8, 8, 2, seed=3))
+    ref = src_dask.src(*trains, chi_out=40, seed=2)
+    original = tasks.project
+
+    def failing(cores, env, *, site, **kw):
+        if site == 2:
+            raise RuntimeError("stopped at site 2")
+        return original(cores, env, site=site, **kw)
+
+    rows_saved = []
+    save_rows = tasks.checkpoint_rows
+    monkeypatch.setattr(tasks, "checkpoint_rows", lambda *a, **k: rows_saved.append(1) or
+                        save_rows(*a, **k))
+    with dask.config.set({"src_dask.memory-limit": "100 KiB"}):
+        monkeypatch.setattr(tasks, "project", failing)
+        with pytest.raises(RuntimeError, match="stopped at site 2"):
+            src_dask.src(*trains, chi_out=40, seed=2, store=tmp_path / "run")
+        monkeypatch.setattr(tasks, "project", original)
+        steps = []
+        sketch_step = K.sketch_step
+        monkeypatch.setattr(K, "sketch_step", lambda *a, **k: steps.append(1) or
+                            sketch_step(*a, **k))
+        y = src_dask.src(*trains, chi_out=40, seed=2, store=tmp_path / "run")
+    assert not steps  # pass 1 was done by the stopped run
+    assert rows_saved  # S_{j-1} was saved by row blocks
+    for c, c0 in zip(y, ref, strict=True):
+        c = np.asarray(c)
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()

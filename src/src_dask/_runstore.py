@@ -349,11 +349,34 @@ class RunStore:
 
     def write_pass2(self, site: int, eta: Any, env_left: Any) -> None:
         """Checkpoint after site ``site``: η_site, then S_{site-1}, then the progress."""
+        self.begin_pass2(site, eta, tuple(env_left.shape[1:]), rows=env_left.shape[0])
+        self.write_pass2_rows(site, 0, env_left)
+        self.end_pass2(site)
+
+    def begin_pass2(self, site: int, eta: Any, left: tuple[int, ...],
+                    rows: int | None = None) -> None:
+        """The checkpoint of ``site`` begun: η_site written, S_{site-1} (η's rows by
+        ``left``) made, to be written by rows (:meth:`write_pass2_rows`, in chunks of
+        ``rows`` rows) and completed by :meth:`end_pass2`."""
+        from .storage import chunks_for
+
         group = self._group()
         _write_whole(group, f"eta/site_{site}", eta, (f"bond_{site - 1}", f"bond_{site}",
                                                        f"up_{site}", f"down_{site}"))
-        _write_whole(group, f"S/site_{site - 1}", env_left,
-                     (f"bond_{site - 1}", *_env_dims(site, env_left.ndim - 1)[1:]))
+        shape = (eta.shape[0], *left)
+        chunks = chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
+        _integrity.create(group, f"S/site_{site - 1}", shape, eta.dtype, chunks,
+                          overwrite=True,
+                          dimension_names=(f"bond_{site - 1}", *_env_dims(site, len(left))[1:]))
+
+    def write_pass2_rows(self, site: int, start: int, rows: Any) -> None:
+        """Rows ``start…`` of S_{site-1} (a block of them) into the begun checkpoint."""
+        arr = self._group()[f"S/site_{site - 1}"]
+        arr[start:start + rows.shape[0]] = to_numpy(rows)
+
+    def end_pass2(self, site: int) -> None:
+        """The checkpoint of ``site`` complete: a resumed run starts at ``site - 1``."""
+        group = self._group()
         group["progress"].attrs["pass2_next"] = site - 1
         if f"S/site_{site}" in group:
             del group[f"S/site_{site}"]

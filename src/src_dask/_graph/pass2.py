@@ -158,13 +158,20 @@ class _Pass2:
                     name, tasks.partial_update, self.out[j], key, env, rows=(b, m),
                     out=None if o is None else (o, len(outs)), site=j, run=g.token), b)
             envs.append(env)
-        if self.store is not None:
-            saved = g.add((g.name("pass2", j), "env"), tasks.checkpointed,
-                          envs if cut else envs[0], self.out[j],
-                          checkpoint=partial(self.store.write_pass2, j))
-            envs = [g.add((g.name("pass2", j), "env", o), tasks.first, env, saved)
-                    for o, env in enumerate(envs)] if cut else [saved]
-        return envs if cut else envs[0]
+        if self.store is None:
+            return envs if cut else envs[0]
+        if not cut:
+            return g.add((g.name("pass2", j), "env"), tasks.checkpointed, envs[0],
+                         self.out[j], checkpoint=partial(self.store.write_pass2, j))
+        # each block saves its own rows: no task holds S_{j-1} whole
+        name, store = g.name("pass2", j), self.store
+        rows = g.add((name, "env", "begin"), tasks.checkpoint_begin, self.out[j], store=store,
+                     site=j, left=self.stack.left_bonds(j), blocks=len(envs))
+        written = [g.add((name, "env", "rows", o), tasks.checkpoint_rows, env, rows,
+                         store=store, site=j, block=(o, len(envs)))  # where the block is
+                   for o, env in enumerate(envs)]
+        saved = g.add((name, "env", "end"), tasks.checkpoint_end, *written, store=store, site=j)
+        return [g.add((name, "env", o), tasks.first, env, saved) for o, env in enumerate(envs)]
 
     def site(self, j: int, z: _Z) -> tuple[_Z | None, Any]:
         """Site ``j``'s step; returns the next site's ``Z`` (None: to be projected from

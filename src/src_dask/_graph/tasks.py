@@ -253,13 +253,29 @@ def eta_of(state: Any, after: Any = None) -> Any:
 
 
 def checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) -> Any:
-    """``env`` (``S_{j-1}``, or a list of its row blocks), once ``checkpoint(η_j,
-    S_{j-1})`` has saved it."""
-    if isinstance(env, list):
-        checkpoint(eta, K.xp_of(env[0]).concatenate(env, axis=0))
-        return None
+    """``env`` (``S_{j-1}``), once ``checkpoint(η_j, S_{j-1})`` has saved it."""
     checkpoint(eta, env)
     return env
+
+
+def checkpoint_begin(eta: Any, *, store: RunStore, site: int, left: tuple[int, ...],
+                     blocks: int) -> int:
+    """A checkpoint of ``S_{j-1}`` in ``blocks`` row blocks begun (η_j written): the rows
+    of ``S_{j-1}``, for the blocks' tasks to place theirs."""
+    store.begin_pass2(site, eta, left, rows=max(1, eta.shape[0] // blocks))
+    return int(eta.shape[0])
+
+
+def checkpoint_rows(env: Any, rows: int, *, store: RunStore, site: int,
+                    block: tuple[int, int]) -> None:
+    """Row block ``block = (b, m)`` of ``S_{j-1}`` (of ``rows`` rows) into the begun
+    checkpoint: no task holds ``S_{j-1}`` whole."""
+    store.write_pass2_rows(site, K.block_rows(rows, *block)[0], env)
+
+
+def checkpoint_end(*written: Any, store: RunStore, site: int) -> None:
+    """The checkpoint complete, once every block is ``written``."""
+    store.end_pass2(site)
 
 
 def stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
