@@ -9,7 +9,7 @@ with ``--host-limit``, ``memory_limit`` per worker), asks ``src_dask.plan`` for 
 run's planned peaks, times one ``src_dask.src(*trains, chi_out=..., client=...)``,
 and records per rung: time and its ratio to the uncapped rung, share of the
 complex128 GEMM rate, the planned device and host peaks against the measured ones
-(the device's used memory by NVML; the workers' RSS), the most data the worker
+(the device's used memory by NVML; the worker's RSS, polled), the most data the worker
 held on the host and on disk (dask-cuda's spilled data, polled), and the largest
 core difference from the first rung (the sketch depends only on the seed).
 
@@ -69,14 +69,14 @@ class _WorkerData:
 
     def __init__(self, client: Any, interval: float = 0.5):
         self.client, self.interval = client, interval
-        self.peak = {"device": 0, "host": 0, "disk": 0}
+        self.peak = {"device": 0, "host": 0, "disk": 0, "worker_rss": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
     def _held(dask_worker: Any) -> dict[str, int]:
         data = dask_worker.data
-        out = {}
+        out = {"worker_rss": int(dask_worker.monitor.get_process_memory())}
         for name, buffer in (("device", getattr(data, "device_buffer", None)),
                              ("host", getattr(data, "host_buffer", None))):
             fast = getattr(buffer, "fast", None)
@@ -158,7 +158,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             entry["device_peak_measured_over_planned"] = (
                 (peak.peak.get("device_used", 0) - idle.baseline.get("device_used", 0))
                 / plan.peak_device)
-        entry["host_peak_measured_over_planned"] = peak.peak["host_rss"] / plan.peak_host
+        # the worker's own RSS (polled), against the plan's per-worker host peak
+        entry["host_peak_measured_over_planned"] = held.peak["worker_rss"] / plan.peak_host
     return entry, y
 
 
