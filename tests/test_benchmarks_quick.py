@@ -14,7 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
            "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels",
-           "timeline", "bench_memory_ladder")
+           "timeline", "bench_memory_ladder", "plot_ladder")
 #: What every table with a percentage of the GEMM rate states under it.
 FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
@@ -280,3 +280,28 @@ def test_gpu_wheels_pins_what_the_gpu_extra_pins():
     for path in [root / "README.md", *BENCH.glob("*.md"), *BENCH.glob("*.sh"),
                  *BENCH.glob("*.py")]:
         assert "shared/tools" not in path.read_text(), path
+
+
+def test_plot_ladder_draws_one_line_per_stack(tmp_path):
+    """``plot_ladder.py`` turns bench_memory_ladder records into one line per stack,
+    rungs by the memory a worker may use (the uncapped rung at the device's), and into a
+    PNG where matplotlib is installed."""
+    import importlib.util
+
+    plot_ladder = importlib.import_module("plot_ladder")
+    paths = sorted((BENCH / "results").glob("memory_ladder_dm*.json"))
+    records = [json.loads(p.read_text()) for p in paths]
+    groups = plot_ladder.lines(records)
+    assert len(groups) == len(records) >= 1
+    for rec, rungs in zip(sorted(records, key=lambda r: r["date"]), groups.values(),
+                          strict=True):
+        assert len(rungs) == len(rec["runs"])
+        memory = [r["memory"] for r in rungs]
+        assert memory == sorted(memory) and memory[-1] > 100  # the uncapped H200 last
+        assert rungs[-1]["over"] == 1.0  # the uncapped rung is the reference
+        assert all(r["seconds"] is None or r["seconds"] > 0 for r in rungs)
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    out = tmp_path / "ladder.png"
+    plot_ladder.main([*map(str, paths), "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
