@@ -167,8 +167,9 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
                       store: bool) -> None:
     """An ``OSError`` (ENOSPC) before any work where what the workers would spill to
     disk beyond their memory (the plan's estimate, per worker, times the workers
-    that spill to the same file system) does not fit what is free there."""
-    if facts.disk_free is None:
+    that spill to the same file system) does not fit what is free there. Workers that
+    keep all their data in memory (no limit) spill nothing: not asked."""
+    if facts.disk_free is None or facts.keep is None:
         return
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     sweep = _plan.SweepPlan.decide(stack, plan, workers)

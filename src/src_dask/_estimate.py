@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import _kernels as K
 from . import config
-from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, z_rows
+from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, sketch_column_bytes, z_rows
 from ._stack import Stack
 
 
@@ -184,11 +184,8 @@ def _environments(stack: Stack, plan: Plan, share: float) -> list[float]:
 
 def pass1_task(stack: Stack, chunk: int) -> int:
     """Bytes of pass 1's largest task: a block of ``chunk`` columns through one site,
-    as the plan sizes it (``_kernels.sketch_step_bytes`` a column: its environment
-    in and out and the contraction's largest intermediates)."""
-    from ._plan import _shapes
-
-    return chunk * max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
+    as the plan sizes it (:func:`~src_dask._plan.sketch_column_bytes`)."""
+    return chunk * sketch_column_bytes(stack)
 
 
 def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:

@@ -447,19 +447,11 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
 
 
-def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int],
-                   out: tuple[int, int] | None = None) -> Any | None:
+def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int]) -> Any | None:
     """``env`` plus row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see
-    :func:`update_env`); None stands for an empty block, or for no sum yet.
-    ``out=(b', m')``: only block ``b'`` of ``m'`` of the rows of ``S'`` (an
-    environment summed in row blocks, each the rows of one block of the next
-    projected core)."""
+    :func:`update_env`); None stands for an empty block, or for no sum yet."""
     if z is None:
         return env
-    if out is not None:
-        eta = eta[slice(*block_rows(eta.shape[0], *out))]
-        if eta.shape[0] == 0:  # an empty block of S' (a cutoff kept fewer rows)
-            return xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
     lo, hi = block_rows(eta.shape[1], *rows)
     part = update_env(eta[:, lo:hi], [z])
     return part if env is None else env + part

@@ -148,10 +148,10 @@ class SweepPlan:
             blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
                       for j, b in enumerate(blocks)]
         # split pass 2 cuts S_{j-1} by its workers' rows already
-        cut = [not pass2.split and env_blocks(stack, plan, j) > 1 for j in range(stack.n)]
-        for j in range(1, stack.n):
-            if cut[j]:  # S_{j-1} summed in Z_{j-1}'s row blocks: enough of them
-                blocks[j - 1] = max(blocks[j - 1], env_blocks(stack, plan, j))
+        env = [1 if pass2.split else env_blocks(stack, plan, j) for j in range(stack.n)]
+        cut = [e > 1 for e in env]
+        for j in range(1, stack.n):  # S_{j-1} summed in Z_{j-1}'s row blocks: enough
+            blocks[j - 1] = max(blocks[j - 1], env[j])
         fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
@@ -297,11 +297,18 @@ def column_bytes(stack: Stack) -> int:
     """What one sketch column costs a task at most, over the sites: pass 1's step
     (its environment row in and out and the contraction's intermediates) and pass 2's
     sketch piece (a row of ``C_j`` and of the sketch)."""
+    piece = stack.widest_cut * stack.dtype.itemsize
+    return max(sketch_column_bytes(stack), piece)
+
+
+def sketch_column_bytes(stack: Stack) -> int:
+    """What one sketch column costs pass 1's step at its largest site
+    (``_kernels.sketch_step_bytes``: its environment row in and out and the
+    contraction's largest intermediates); the plan sizes blocks and the estimate
+    counts pass 1 by it."""
     from . import _kernels as K
 
-    step = max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
-    piece = stack.widest_cut * stack.dtype.itemsize
-    return max(step, piece)
+    return max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
 
 
 def columns_that_fit(stack: Stack, task: int) -> int:
