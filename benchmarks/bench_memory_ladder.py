@@ -23,14 +23,20 @@ A cap of 0 is the uncapped rung (the pool may grow to the whole device).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import math
 import threading
 import time
 import warnings
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from accuracy import core_difference
+from dask.utils import key_split
 from device import Device, run_gemm
+from distributed import get_task_stream
 from flops import CONVENTION, rates, src_flops
 from harness import Record, output_path, parser, print_table
 from memory import PeakMemory
@@ -57,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/src_dask_bench"))
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--name", default=None, help="record file name (default by D_M)")
+    p.add_argument("--tasks", action="store_true",
+                   help="record each rung's task stream: compute seconds per step and part, "
+                        "the spans of the passes, the worker's event-loop warnings")
     args = p.parse_args(argv)
     if args.quick:
         args.sites, args.dm, args.chi_out, args.caps = 6, 16, 8, [0, 1]
@@ -105,6 +114,50 @@ class _WorkerData:
         self._thread.join()
 
 
+def task_summary(stream: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds per step and part (summed over tasks: compute, transfer, disk), the
+    count of tasks, and each pass's span (first start to last end)."""
+    steps: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    spans: dict[str, list[float]] = {}
+    for task in stream:
+        key = task["key"]
+        head = key[0] if isinstance(key, tuple) else key
+        step = key_split(head).split("_site")[0]
+        parts = [p for p in (key[1:] if isinstance(key, tuple) else ()) if isinstance(p, str)]
+        row = steps[" ".join([step, *parts])]
+        row["tasks"] += 1
+        for ss in task.get("startstops", ()):
+            row[ss["action"]] += ss["stop"] - ss["start"]
+            lo, hi = spans.get(step, (math.inf, -math.inf))
+            spans[step] = [min(lo, ss["start"]), max(hi, ss["stop"])]
+    return {"steps": {k: dict(v) for k, v in sorted(steps.items())},
+            "spans": {k: hi - lo for k, (lo, hi) in spans.items()}}
+
+
+def _loop_warnings(client: Any) -> list[str]:
+    """The workers' "Event loop was unresponsive" warnings (distributed's tick) and
+    src_dask's own warnings there (out-of-memory halving), from :func:`_listen`."""
+    logs = client.run(lambda dask_worker: list(getattr(dask_worker, "_ladder_log", ())))
+    return [msg for lines in logs.values() for msg in lines]
+
+
+def _listen(dask_worker: Any) -> None:
+    """Keep the worker's warnings of distributed's event loop and of src_dask."""
+    import logging
+
+    kept = dask_worker._ladder_log = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if record.name.startswith("src_dask") or "unresponsive" in msg:
+                kept.append(msg[:300])
+
+    handler = Keep(logging.WARNING)
+    for name in ("src_dask", "distributed.core", "distributed.worker"):
+        logging.getLogger(name).addHandler(handler)
+
+
 def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], Any]:
     """One rung: the cluster, the plan, one timed run."""
     from dask_cuda import LocalCUDACluster
@@ -141,7 +194,10 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                          "z_blocks_max": max(plan.z_blocks), "task_bytes": plan.task_bytes,
                          "text": str(plan)}
         print(plan, flush=True)
-        with PeakMemory(device) as peak, _WorkerData(client) as held:
+        if args.tasks:
+            client.run(_listen)
+        stream = get_task_stream(client=client) if args.tasks else contextlib.nullcontext()
+        with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks:
             start = time.perf_counter()
             try:
                 y = src_dask.src(*trains, chi_out=args.chi_out, seed=0, client=client)
@@ -150,6 +206,10 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                 print(f"cap {cap_gb} GB: FAILED {entry['failed'][:400]}", flush=True)
                 return entry, None
             entry["seconds"] = time.perf_counter() - start
+        if args.tasks:
+            entry["tasks"] = task_summary(tasks.data)
+            entry["tasks"]["event_loop_warnings"] = _loop_warnings(client)
+            print(json.dumps(entry["tasks"], indent=1), flush=True)
         entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
                              "device_baseline": idle.baseline.get("device_used"),
                              "peak_host_rss": peak.peak.get("host_rss"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -336,7 +337,8 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
                  and k[1] in ("project", "sketch", "qr", "update", "fetch")]
         assert {where[k] for k in steps} == {"w0"}
         fetch = (f"pass2_site{j}-{token}", "fetch", 1)
-        piece = (f"pass2_site{j}-{token}", "sketch", 0, 1)
+        # on a GPU one sketch task per row block of Z, against every block of C_j
+        piece = (f"pass2_site{j}-{token}", "sketch", 0)
         if j == 5:  # Z of the last site is whole: its QR task makes the pieces itself
             assert piece not in dsk and fetch in deps((f"pass2_site{j}-{token}", "qr"), "pass2")
         else:
@@ -683,3 +685,43 @@ def test_a_run_whose_environments_are_summed_in_row_blocks_resumes(monkeypatch, 
     for c, c0 in zip(y, ref, strict=True):
         c = np.asarray(c)
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+@pytest.mark.parametrize("z_block_bytes", [1, 2**30])  # Z in row blocks, or whole
+def test_environments_in_host_memory_and_sketches_by_row_block_give_the_same_cores(
+        monkeypatch, z_block_bytes):
+    """A GPU run's layout (``Plan.host_envs``: pass 1 copies the first sites'
+    environments to host memory, pass 2 fetches each back two sites ahead; one sketch
+    task per row block of Z against every block of C_j), run on the CPU with the
+    copies counted: the same cores as the plain layout, bit for bit, each of those
+    environments copied out and back once per block, no others."""
+    trains = (random_mpo(7, 3, phys=3, seed=1), random_mps(7, 6, phys=3, seed=2))
+    stack = make_stack(trains)
+    plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=_random.seed_key(3),
+                      round=False, z_block_bytes=z_block_bytes)
+    ref = _graph.build(stack, plan).compute(scheduler="sync")
+    copies = {"out": [], "back": []}
+    monkeypatch.setattr(_graph.tasks, "to_host",
+                        lambda x: copies["out"].append(x.shape) or x.copy())
+    monkeypatch.setattr(_graph.tasks, "to_device",
+                        lambda x, after=None: copies["back"].append(x.shape) or x.copy())
+    monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
+        lambda cls, device, workers: cls(home=False, together=True, spread=False,
+                                         pieces_at_env=False)))
+    host = dataclasses.replace(plan, host_envs=4)
+    graph = _graph.build(stack, host)
+    dsk = dict(graph.dask)
+    token = keys.token_of(graph.key)
+    fetches = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("fetch",)]
+    assert sorted({int(key_split(k[0])[10:]) for k in fetches}) == [1, 2, 3, 4]
+    # C_1 waits for the QR of site 3 (two sites ahead), not for nothing
+    fetch = (f"pass2_site1-{token}", "fetch", 0)
+    assert (f"pass2_site3-{token}", "core") in dsk[fetch][1:]
+    if z_block_bytes == 1:  # one sketch task per row block of Z, no task per pair
+        sketches = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("sketch",)]
+        assert sketches and all(len(k) == 3 for k in sketches)
+    y = graph.compute(scheduler="sync")
+    assert all(np.array_equal(p, q) for p, q in zip(y, ref, strict=True))
+    blocks = len(plan.blocks)
+    assert len(copies["out"]) == len(copies["back"]) == 4 * blocks
+    assert sorted(copies["out"]) == sorted(copies["back"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import dask
 import pytest
 
@@ -255,20 +257,33 @@ def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
     ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
     room = int(0.95 * device - min(data + ahead, keep))
     assert plan.task_bytes == min(share, room) or (room < plan.task_bytes == share)
-    if (depth, device_mib) == (3, 48):  # the data crowd this one: sized to the device
-        assert plan.task_bytes == room < share
+    if (depth, device_mib) == (3, 48):  # the environments crowd this one: the first
+        # sites' go to host memory, and the rest of the data leave the tasks their share
+        assert plan.host_envs > 0 and plan.task_bytes == share < room
+        on_device = _estimate.environments(stack, plan, 1)[plan.host_envs + 1:]
+        everything = dataclasses.replace(plan, host_envs=stack.n - 1)
+        assert sum(on_device) + max(_estimate.data_held(stack, everything, 1, False)) <= (
+            keep - ahead)
 
 
 def test_the_stack_of_record_on_one_h200_keeps_its_blocks_at_a_device_limit_of_0_7():
     """D_M=2000/chi_out=1000 (lazy inputs; nothing drawn): its environments and a
-    projected core (~122 GiB) exceed any default limit, so the tasks get the device
-    less the kept data: at 0.7 the sketch keeps 8 blocks of 125 columns; at 0.8 the
-    blocks are smaller and more (the measured 137.4 s against 151.5 s)."""
+    projected core (~122 GiB) exceed any default limit, so the first sites'
+    environments go to host memory and the tasks get the device less the data it
+    keeps: at 0.7 the sketch keeps 8 blocks of 125 columns; at 0.8 the device keeps
+    more environments and the blocks are smaller (measured 137.4 s against 151.5 s
+    when dask-cuda spilled them)."""
+    from src_dask import _estimate
+
     stack = make_stack(tuple(problems.stack(50, 2000).values()))
     device = 150_109_880_320  # an H200 as CuPy reports it
     at_07, at_08 = (_gpu_plan(stack, 1000, int(f * device), device=device) for f in (0.7, 0.8))
-    assert at_07.task_bytes == int((0.95 * device - int(0.7 * device)) / 4)
+    data = max(_estimate.data_held(stack, at_07, 1, False))
+    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, at_07))
+    assert data + ahead <= int(0.7 * device)  # nothing left for dask-cuda to spill
+    assert at_07.task_bytes == int((0.95 * device - data - ahead) / 4)
     assert (at_07.chunk, len(at_07.blocks)) == (125, 8)
+    assert 0 < at_08.host_envs < at_07.host_envs < stack.n - 1
     assert at_08.chunk < at_07.chunk and at_08.task_bytes < at_07.task_bytes
 
 
@@ -278,21 +293,29 @@ def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
     assert plan.task_bytes == _plan.task_bytes(_facts(140 * GIB, 4), "gpu")
 
 
-def test_data_that_leave_little_get_tasks_that_fit_beside_them():
-    """A device whose data leave less than pass 2's environment sum needs (nothing
-    spills: no device limit): the tasks are sized to what the data leave, and the
-    environments summed in row blocks, rather than refused or given more than the
-    device has."""
+def test_environments_that_crowd_the_device_go_to_host_memory():
+    """A device without a limit (nothing spills) whose data would leave less than pass
+    2's environment sum needs: the first sites' environments go to host memory, and
+    the rest of the data leave the tasks their share, which fits beside them — rather
+    than tasks cut to what all the data leave, or given more than the device has."""
     from src_dask import _estimate
 
     stack = _deep(3, n=12, bond=16)  # 31 MiB of data, pass 2 sums 8 MiB environments
     device = 32 * 2**20
     plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
+    assert plan.host_envs > 0
     data = max(_estimate.data_held(stack, plan, 1, False))
     ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
-    assert plan.task_bytes == _plan.device_task_bytes(device, None, data, 1, ahead)
-    assert plan.task_bytes < _plan.task_bytes(_facts(device, 1), "gpu")
-    assert any(_plan.SweepPlan.decide(stack, plan, None).cut_env)
+    share = _plan.task_bytes(_facts(device, 1), "gpu")
+    assert plan.task_bytes == min(share, _plan.device_task_bytes(device, None, data, 1, ahead))
+    everything = dataclasses.replace(plan, host_envs=0)
+    assert max(_estimate.data_held(stack, everything, 1, False)) > data
+    est = _estimate.estimate(stack, _plan.SweepPlan.decide(stack, plan, None),
+                             _facts(device, 1), store=False, tasks=0, store_bytes=0,
+                             product="")
+    assert est.peak_device <= est.device_memory
+    assert est.host_env_bytes == sum(_estimate.environments(stack, plan, 1)[:plan.host_envs + 1])
+    assert f"environments of sites 1-{plan.host_envs}" in str(est)
 
 
 def test_the_environment_sum_may_use_every_threads_share():

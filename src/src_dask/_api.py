@@ -231,24 +231,27 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     sketch = _plan.sketch_width(stack, chi_out, extra)
     keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 
-    def sized(task: int | None) -> _plan.Plan:
+    def sized(task: int | None, host_envs: int = 0) -> _plan.Plan:
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
         return _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
-                          threads=workers.threads)
+                          threads=workers.threads, host_envs=host_envs)
 
     plan = sized(_plan.task_bytes(workers, device))
     if device == "gpu" and workers.device_memory and plan.task_bytes is not None:
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
-        data = max(_estimate.data_held(stack, plan, workers.count, store))
         ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+        if not store:  # environments beyond what the device keeps go to host memory
+            h = _host_envs(stack, plan, workers, ahead)
+            plan = sized(plan.task_bytes, h)
+        data = max(_estimate.data_held(stack, plan, workers.count, store))
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
                                        workers.threads, ahead)
         if task < plan.task_bytes:
             try:
-                smaller = sized(task)
+                smaller = sized(task, plan.host_envs)
                 _plan.check_fits(stack, smaller)  # refused before a store or a graph is made
                 return smaller
             except MemoryError:  # the data leave too little: the tasks keep their share
@@ -258,6 +261,16 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
                          plan.task_bytes / 1e9)
     _plan.check_fits(stack, plan)  # refused before a store or a graph is made
     return plan
+
+
+def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int) -> int:
+    """How many of the first sites' environments a GPU run keeps in host memory: those
+    the device would not keep beside the rest of the run's data (what dask-cuda keeps
+    before spilling, or the usable device)."""
+    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    everything = dataclasses.replace(plan, host_envs=stack.n - 1)
+    other = max(_estimate.data_held(stack, everything, workers.count, False)) + ahead
+    return _plan.host_envs(_estimate.environments(stack, plan, workers.count), keep - other)
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],

@@ -54,6 +54,8 @@ class RunPlan:
     device_limit: int | None = None  # stored data beyond it spills to host (dask-cuda's)
     device_memory: int | None = None  # what its arrays may take: the GPU or its RMM pool
     where: str = ""  # the scheduler's address, or Dask's local scheduler
+    host_envs: int = 0  # the environments C_1 … C_h a GPU run keeps in host memory
+    host_env_bytes: int = 0  # their bytes (per worker)
 
     @property
     def total_flops(self) -> float:
@@ -75,7 +77,9 @@ class RunPlan:
             + (f" ({self.where})" if self.where else "")
             + (f", tasks sized to {b(self.task_bytes)}" if self.task_bytes else ""),
             f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
-            f"run store {b(self.store_bytes)} of disk",
+            f"run store {b(self.store_bytes)} of disk"
+            + (f"; environments of sites 1-{self.host_envs} ({b(self.host_env_bytes)}) in "
+               "host memory, copied back a site ahead" if self.host_envs else ""),
             f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
             + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
                + (f", data spilled beyond {b(self.device_limit)}" if self.device_limit else "")
@@ -111,17 +115,19 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     tasks_at = [pass1] + [threads * _pass2_task(stack, sweep, j)
                           for j in range(stack.n - 1, -1, -1)]
     # inputs read ahead of their use are stored data too (dask-cuda spills them with
-    # the rest beyond its device limit)
-    held = [(data + ahead, running) for data, running in
-            zip(data_held(stack, plan, workers.count, store), tasks_at, strict=True)]
+    # the rest beyond its device limit); environments the plan puts in host memory (a
+    # GPU run's) are there besides
+    on_host = host_held(stack, plan, workers.count) if plan.host_envs else [0.0] * len(tasks_at)
+    held = [(data + ahead, running, put) for data, running, put in
+            zip(data_held(stack, plan, workers.count, store), tasks_at, on_host, strict=True)]
     device_keep = workers.device_limit if plan.device == "gpu" else None
     usable = usable_device(workers) if plan.device == "gpu" else None
     peak_host = peak_device = spilled = to_disk = 0
-    for data, running in held:
+    for data, running, put in held:
         here = data if device_keep is None else min(data, device_keep)
         if usable is not None:  # data a task needs room from is spilled (``_oom``)
             here = min(here, max(0, usable - running))
-        host = data - here if plan.device == "gpu" else data
+        host = data - here + put if plan.device == "gpu" else data
         kept = host if workers.keep is None else min(host, workers.keep)
         spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
         to_disk = max(to_disk, host - kept)
@@ -138,7 +144,8 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
-        device_limit=workers.device_limit, device_memory=usable, where=where)
+        device_limit=workers.device_limit, device_memory=usable, where=where,
+        host_envs=plan.host_envs, host_env_bytes=int(on_host[0]))
 
 
 def usable_device(workers: Workers) -> int | None:
@@ -150,23 +157,43 @@ def usable_device(workers: Workers) -> int | None:
 
 
 def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float]:
-    """Bytes of data (results Dask stores) the busiest of ``workers`` holds over the
-    sweep: at the end of pass 1, then at each site of pass 2 from right to left —
-    the environments of its column blocks not yet used (with a store, one site's,
-    read back), the site's projected core ``Z`` (its share of the rows where pass 2
-    is split over the workers), and lazy inputs the plan keeps for pass 2 (every GPU
-    worker keeps its own copy)."""
-    env = _environments(stack, plan, _share(plan, workers))
+    """Bytes of data (results Dask stores, and on a GPU keeps on the device up to its
+    limit) the busiest of ``workers`` holds over the sweep: at the end of pass 1,
+    then at each site of pass 2 from right to left — the environments of its column
+    blocks not yet used (with a store, one site's, read back; on a GPU, not those the
+    plan puts in host memory, ``Plan.host_envs``, but the copies of the two sites
+    fetched back ahead of use), the site's projected core ``Z`` (its share of the
+    rows where pass 2 is split over the workers), and lazy inputs the plan keeps for
+    pass 2 (every GPU worker keeps its own copy)."""
+    env = environments(stack, plan, workers)
+    h = plan.host_envs
     z_share = 1 / workers if Pass2.of_run(plan.device, workers).split else 1.0
     kept = 0.0
     if plan.keep_inputs:
         kept = (stack.input_bytes(lazy=True) * input_groups(plan.device, workers)
                 / max(1, workers))
-    held = [(max(env) if store else sum(env)) + kept]
+    held = [(max(env) if store else sum(env[h + 1:])) + kept]
     for j in range(stack.n - 1, -1, -1):
-        envs = env[j] if store else sum(env[:j + 1])
+        if store:
+            envs = env[j]
+        else:  # those of sites h+1 … j kept, and sites j, j-1 fetched back from the host
+            envs = sum(env[h + 1:j + 1]) + sum(env[i] for i in (j, j - 1) if 0 < i <= h)
         held.append(envs + _z_bytes(stack, plan, j) * z_share + kept)
     return held
+
+
+def host_held(stack: Stack, plan: Plan, workers: int) -> list[float]:
+    """Bytes of the environments the busiest worker holds in host memory because the
+    plan puts them there (``Plan.host_envs``), at the same points as
+    :func:`data_held`: all of them at the end of pass 1, then those not yet used."""
+    env, h = environments(stack, plan, workers), plan.host_envs
+    return [sum(env[:h + 1])] + [sum(env[:min(j, h) + 1]) for j in range(stack.n - 1, -1, -1)]
+
+
+def environments(stack: Stack, plan: Plan, workers: int) -> list[float]:
+    """Bytes of each site's sketched environment ``C_j`` the busiest of ``workers``
+    holds (its column blocks; none at site 0)."""
+    return _environments(stack, plan, _share(plan, workers))
 
 
 def _share(plan: Plan, workers: int) -> float:

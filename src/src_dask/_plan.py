@@ -44,6 +44,10 @@ class Plan:
     # tasks a worker runs at once, which share its memory: a task that runs alone (pass
     # 2's environment sum, which every other task of the sweep waits for) may use theirs
     threads: int = 1
+    # on a GPU, the environments C_1 … C_h (h = host_envs) that the device does not keep:
+    # pass 1 copies them to host memory as it makes them, pass 2 copies each back a site
+    # ahead of its use (see :func:`host_envs`)
+    host_envs: int = 0
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -283,6 +287,22 @@ def device_task_bytes(memory: int, keep: int | None, data: float, threads: int,
     headroom = config.get("device-headroom") * memory
     kept = data + ahead if keep is None else min(data + ahead, keep)
     return int(max(memory - headroom - kept, headroom) / max(1, threads))
+
+
+def host_envs(envs: list[float], budget: float) -> int:
+    """How many of the first sites' environments go to host memory so that the rest
+    (``envs[j]``: bytes of ``C_j``; ``envs[0]`` is 0) fit in ``budget`` bytes of the
+    device. Pass 2 uses them from right to left, so the device keeps the last ones,
+    used first, and the host those it has time to copy back ahead of use — the order
+    in which dask-cuda would spill them (least recently used first), but copied by
+    the tasks' threads through pinned memory, not on the worker's event loop, and
+    before the device is full, not after."""
+    kept = 0.0
+    for j in range(len(envs) - 1, 0, -1):
+        kept += envs[j]
+        if kept > budget:
+            return j
+    return 0
 
 
 def _shapes(stack: Stack, site: int) -> list[Any]:

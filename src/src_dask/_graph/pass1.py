@@ -33,8 +33,13 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
         start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            env = g.add((g.name("pass1", j), c), tasks.pass1_block, env, cores[j, c % groups],
-                        site=j, start=start, stop=stop, run=g.token, store=store, block=c,
-                        last=j == n - 2, seed_key=plan.key, legs=(stack.up(j), stack.down(j)))
-            envs[j + 1][c] = g.pin(env, c)
+            env = g.pin(g.add((g.name("pass1", j), c), tasks.pass1_block, env,
+                              cores[j, c % groups], site=j, start=start, stop=stop,
+                              run=g.token, store=store, block=c, last=j == n - 2,
+                              seed_key=plan.key, legs=(stack.up(j), stack.down(j))), c)
+            # the environments the device does not keep: a copy in host memory for pass
+            # 2, made by a thread of the worker (the chain goes on with the device's)
+            kept = env if store is not None or j + 1 > plan.host_envs else g.pin(
+                g.add((g.name("pass1", j), c, "host"), tasks.to_host, env), c)
+            envs[j + 1][c] = kept
     return envs

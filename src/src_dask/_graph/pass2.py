@@ -99,25 +99,45 @@ class _Pass2:
         g, n, out = self.g, self.stack.n, []
         for c in range(len(self.plan.blocks)):
             env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
-            if self.sweep.pass2.home and self.store is None and c % self.sweep.groups:
+            if self.on_host(j):
+                env = self.place(g.add((g.name("pass2", j), "fetch", c), tasks.to_device, env,
+                                       self.fetch_after(j)), c)
+            elif self.sweep.pass2.home and self.store is None and c % self.sweep.groups:
                 env = g.pin(g.add((g.name("pass2", j), "fetch", c), tasks.first, env,
                                   self.ahead_of(j)), 0)
             out.append(env)
         return out
 
-    def pieces(self, j: int, z: _Z, block_envs: list[Any]) -> list[list[Any]]:
-        """The sketch of ``Z_j`` against each block of ``C_j``, one task per pair."""
-        g, pieces = self.g, []
-        for c, ((start, stop), env) in enumerate(zip(self.plan.blocks, block_envs, strict=True)):
-            row = [g.add((g.name("pass2", j), "sketch", b, c), tasks.sketch_piece, env, key,
-                         site=j, start=start, stop=stop, run=g.token, store=self.store)
-                   for b, key in enumerate(z.keys)]
-            # a CPU multiplies where the block of C_j is; a GPU where the block of Z is (on
-            # one GPU, or all of pass 2 on the first of several, that is one place)
-            at_env = self.sweep.pass2.pieces_at_env
-            pieces.append([g.pin(k, c) if at_env else self.place(k, b)
-                           for b, k in enumerate(row)])
-        return pieces
+    def on_host(self, j: int) -> bool:
+        """Whether pass 1 left ``C_j`` in host memory (``Plan.host_envs``)."""
+        return self.store is None and 0 < j <= self.plan.host_envs
+
+    def fetch_after(self, j: int) -> Any:
+        """The signal that lets ``C_j`` be copied back from host memory: the end of
+        site ``j+2``'s QR, so the copy runs beside site ``j+1`` and the device holds
+        two sites' environments, not all the host's."""
+        if j + 2 > self.first:
+            return None
+        return self.g.signal((self.g.name("pass2", j + 2), "core"))
+
+    def pieces(self, j: int, z: _Z, block_envs: list[Any]) -> list[Any]:
+        """The sketch of ``Z_j``: on a CPU one task per pair of a block of ``C_j`` and
+        a row block of ``Z_j``, where the block of ``C_j`` is (``[c][b]``); on a GPU
+        one task per row block of ``Z_j``, against all of ``C_j`` (``[b]``: the GPU
+        multiplies so fast that a task per pair costs more in scheduling than in
+        arithmetic; on one GPU, or all of pass 2 on the first of several, the blocks
+        of ``C_j`` and ``Z_j`` are in one place)."""
+        g, blocks = self.g, self.plan.blocks
+        if not self.sweep.pass2.pieces_at_env:
+            return [self.place(g.add((g.name("pass2", j), "sketch", b), tasks.sketch_rows,
+                                     block_envs, key, blocks=blocks, site=j, run=g.token,
+                                     store=self.store), b)
+                    for b, key in enumerate(z.keys)]
+        return [[g.pin(g.add((g.name("pass2", j), "sketch", b, c), tasks.sketch_piece, env, key,
+                             site=j, start=start, stop=stop, run=g.token, store=self.store),
+                       c)
+                 for b, key in enumerate(z.keys)]
+                for c, ((start, stop), env) in enumerate(zip(blocks, block_envs, strict=True))]
 
     def qr(self, j: int, z: _Z, step: SiteStep) -> Any:
         """The QR task of site ``j``: ``(η_j, S_{j-1}, Z_{j-1})``, as far as ``step``
@@ -135,8 +155,9 @@ class _Pass2:
                           z_in_state=z.in_state, blocks=self.plan.blocks, store=store,
                           **options)
         else:
+            by_rows = not self.sweep.pass2.pieces_at_env
             state = g.add(key, tasks.pass2_step, self.pieces(j, z, block_envs),
-                          None if step.chain else z.keys, left, **options)
+                          None if step.chain else z.keys, left, by_rows=by_rows, **options)
         if self.sweep.pass2.home:
             g.pin(state, 0)
         return state
@@ -227,7 +248,10 @@ class _Pass2:
             keys = []
             for c in range(len(self.plan.blocks)):
                 env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
-                if self.store is None and c % len(self.sweep.workers) != w:
+                if self.on_host(j):
+                    env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.to_device,
+                                      env, self.fetch_after(j)), w)
+                elif self.store is None and c % len(self.sweep.workers) != w:
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.first, env,
                                       self.ahead_of(j)), w)
                 keys.append(env)

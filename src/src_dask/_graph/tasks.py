@@ -110,6 +110,8 @@ def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str
     xp = K.xp_of(z)
     if store is not None:
         env = xp.asarray(store.read_env(site, start, stop))
+    elif K.xp_of(env) is not xp:  # in host memory (``Plan.host_envs``), not fetched ahead
+        env = _transfer.to_device(env)
     return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], z), stop - start, xp=xp,
                         run=run, step="sketch", site=site,
                         bytes_per_row=K.sketch_piece_bytes(env, z))
@@ -154,10 +156,14 @@ def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int,
         bytes_per_row=K.update_row_bytes(eta, z))
 
 
-def pass2_step(*args: Any, site: int, run: str, **kwargs: Any) -> Any:
+def pass2_step(pieces: list[list[Any]], *args: Any, site: int, run: str, by_rows: bool = False,
+               **kwargs: Any) -> Any:
     """:func:`_kernels.pass2_step` with the environment update and the projection in
     pieces of rows if they do not fit; the QR, one piece, names the site in an
-    out-of-memory error."""
+    out-of-memory error. ``by_rows``: ``pieces`` is one list per row block of ``Z_j``
+    (as :func:`sketch_rows` makes them), not one per block of columns."""
+    if by_rows:
+        pieces = [list(column) for column in zip(*pieces, strict=True)]
     def project_left(cores: list[Any], env: Any) -> Any:
         return project(cores, env, rows=None, site=site - 1, run=run)
 
@@ -165,7 +171,7 @@ def pass2_step(*args: Any, site: int, run: str, **kwargs: Any) -> Any:
         return update(eta, zs, site=site, run=run)
 
     step = _oom.naming_the_site(K.pass2_step, site=site, step="pass 2's QR")
-    return step(*args, site=site, update=update_here, project=project_left, **kwargs)
+    return step(pieces, *args, site=site, update=update_here, project=project_left, **kwargs)
 
 
 def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | None, *,
@@ -209,8 +215,7 @@ def sketch_rows(block_envs: list[Any], z: Any, *, blocks: list[tuple[int, int]],
 def split_qr(sketches: list[list[Any]], *, site: int, run: str, **options: Any) -> Any:
     """``(η_j, None, None)`` from the sketches of ``Z_j``'s row blocks (one list of
     column-block pieces per row block, as :func:`sketch_rows` makes them)."""
-    pieces = [list(column) for column in zip(*sketches, strict=True)]
-    return pass2_step(pieces, None, None, site=site, run=run, **options)
+    return pass2_step(sketches, None, None, site=site, run=run, by_rows=True, **options)
 
 
 def share(state: Any, zs: list[Any], *, first: int, blocks: int, dest: tuple[int, int, int],
@@ -287,6 +292,17 @@ def stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
 def signal(x: Any) -> None:
     """None, once the task whose result is ``x`` has run (``GraphBuilder.signal``)."""
     return None
+
+
+def to_host(x: Any) -> Any:
+    """``x`` in host memory (an environment the device does not keep: ``Plan.host_envs``)."""
+    return _transfer.to_host(x)
+
+
+def to_device(x: Any, after: Any = None) -> Any:
+    """``x`` on the device, once ``after`` has run (an environment fetched back from
+    host memory ahead of its use)."""
+    return _transfer.to_device(x)
 
 
 def first(x: Any, after: Any = None) -> Any:
