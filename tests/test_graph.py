@@ -44,9 +44,17 @@ def test_task_prefixes_name_pass_and_site():
 
 def test_graph_shape_per_site():
     # 8 columns in blocks of 3 -> 3 blocks, spread over two CPU workers
-    keys = _graph_keys(n=6, chunk=3, workers=["w0", "w1"])
-    pass1 = [k for k in keys if key_split(k).startswith("pass1")]
+    dsk = _sweep(n=6, chunk=3, workers=["w0", "w1"])
+    keys = list(dsk)
+    pass1 = [k for k in keys if key_split(k).startswith("pass1") and isinstance(k[1], int)]
     assert len(pass1) == 3 * 5  # one task per block and site
+    # blocks 0 and 2 share worker 0: its chains wait for each other two sites behind
+    barriers = [k for k in keys if key_split(k).startswith("pass1") and k[1] == "all"]
+    assert sorted((key_split(k[0]), k[2]) for k in barriers) == [
+        (f"pass1_site{j}", 0) for j in range(3)]
+    step = next(k for k in pass1 if key_split(k) == "pass1_site3" and k[1] == 2)
+    barrier = next(k for k in barriers if key_split(k[0]) == "pass1_site1")
+    assert barrier in dsk[step]  # block 2 at site 3 waits for blocks 0 and 2 at site 1
     site3 = [k for k in keys if key_split(k) == "pass2_site3"]
     # one sketch piece per block (where the block lives), one QR (fused with the update
     # and the next projection), the output core and the next site's projected core

@@ -253,13 +253,15 @@ def test_gpu_tasks_fit_beside_the_data_the_device_keeps(depth, device_mib):
     except PlanError:
         return  # refused before any work: not even the fraction share fits
     share = _plan.task_bytes(_facts(device, 1), "gpu")
-    data = max(_estimate.data_held(stack, plan, 1, False))
+    # sized as if the device kept all the data it may, even where environments go to
+    # host memory (the room they leave is margin)
+    data = max(_estimate.data_held(stack, dataclasses.replace(plan, host_envs=0), 1, False))
     ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
     room = int(0.95 * device - min(data + ahead, keep))
     assert plan.task_bytes == min(share, room) or (room < plan.task_bytes == share)
-    if (depth, device_mib) == (3, 48):  # the environments crowd this one: the first
-        # sites' go to host memory, and the rest of the data leave the tasks their share
-        assert plan.host_envs > 0 and plan.task_bytes == share < room
+    if (depth, device_mib) == (3, 48):  # the data crowd this one: sized to the device,
+        # and the first sites' environments go to host memory
+        assert plan.task_bytes == room < share and plan.host_envs > 0
         on_device = _estimate.environments(stack, plan, 1)[plan.host_envs + 1:]
         everything = dataclasses.replace(plan, host_envs=stack.n - 1)
         assert sum(on_device) + max(_estimate.data_held(stack, everything, 1, False)) <= (
@@ -281,7 +283,8 @@ def test_the_stack_of_record_on_one_h200_keeps_its_blocks_at_a_device_limit_of_0
     data = max(_estimate.data_held(stack, at_07, 1, False))
     ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, at_07))
     assert data + ahead <= int(0.7 * device)  # nothing left for dask-cuda to spill
-    assert at_07.task_bytes == int((0.95 * device - data - ahead) / 4)
+    # sized as if the device kept up to its limit: the rest is margin
+    assert at_07.task_bytes == int((0.95 * device - int(0.7 * device)) / 4)
     assert (at_07.chunk, len(at_07.blocks)) == (125, 8)
     assert 0 < at_08.host_envs < at_07.host_envs < stack.n - 1
     assert at_08.chunk < at_07.chunk and at_08.task_bytes < at_07.task_bytes
@@ -294,22 +297,22 @@ def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
 
 
 def test_environments_that_crowd_the_device_go_to_host_memory():
-    """A device without a limit (nothing spills) whose data would leave less than pass
-    2's environment sum needs: the first sites' environments go to host memory, and
-    the rest of the data leave the tasks their share, which fits beside them — rather
-    than tasks cut to what all the data leave, or given more than the device has."""
+    """A device without a limit (nothing spills) whose data leave less than the
+    tasks' share: the first sites' environments go to host memory (copied by the
+    tasks, not left to fill the device), and the tasks are sized to what all the data
+    would leave, the rest being margin — not given more than the device has."""
     from src_dask import _estimate
 
     stack = _deep(3, n=12, bond=16)  # 31 MiB of data, pass 2 sums 8 MiB environments
     device = 32 * 2**20
     plan = _gpu_plan(stack, 256, None, device=device, threads=1)  # nothing spills
     assert plan.host_envs > 0
-    data = max(_estimate.data_held(stack, plan, 1, False))
-    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
-    share = _plan.task_bytes(_facts(device, 1), "gpu")
-    assert plan.task_bytes == min(share, _plan.device_task_bytes(device, None, data, 1, ahead))
     everything = dataclasses.replace(plan, host_envs=0)
-    assert max(_estimate.data_held(stack, everything, 1, False)) > data
+    data = max(_estimate.data_held(stack, everything, 1, False))
+    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+    assert plan.task_bytes == _plan.device_task_bytes(device, None, data, 1, ahead)
+    assert plan.task_bytes < _plan.task_bytes(_facts(device, 1), "gpu")
+    assert max(_estimate.data_held(stack, plan, 1, False)) < data
     est = _estimate.estimate(stack, _plan.SweepPlan.decide(stack, plan, None),
                              _facts(device, 1), store=False, tasks=0, store_bytes=0,
                              product="")

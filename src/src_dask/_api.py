@@ -243,10 +243,12 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
         ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
-        if not store:  # environments beyond what the device keeps go to host memory
-            h = _host_envs(stack, plan, workers, ahead)
-            plan = sized(plan.task_bytes, h)
+        # sized as if the device kept all the data it may (up to its limit): the room
+        # the environments sent to host memory leave is margin for what the memory
+        # model misses (the pool's fragmentation, the libraries' workspaces)
         data = max(_estimate.data_held(stack, plan, workers.count, store))
+        if not store:  # environments beyond what the device keeps go to host memory
+            plan = sized(plan.task_bytes, _host_envs(stack, plan, workers, ahead))
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
                                        workers.threads, ahead)
         if task < plan.task_bytes:

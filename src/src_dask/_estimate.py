@@ -111,8 +111,8 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     ahead = inputs_in_flight(stack, sweep.lookahead)
     pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * pass1_task(stack,
                                                                                  plan.chunk)
-    threads = 1 if sweep.pass2.together else workers.threads
-    tasks_at = [pass1] + [threads * _pass2_task(stack, sweep, j)
+    # a site that is one task runs alone; a site cut in row blocks runs them side by side
+    tasks_at = [pass1] + [_pass2_at_once(sweep, j, workers.threads) * _pass2_task(stack, sweep, j)
                           for j in range(stack.n - 1, -1, -1)]
     # inputs read ahead of their use are stored data too (dask-cuda spills them with
     # the rest beyond its device limit); environments the plan puts in host memory (a
@@ -213,6 +213,14 @@ def pass1_task(stack: Stack, chunk: int) -> int:
     """Bytes of pass 1's largest task: a block of ``chunk`` columns through one site,
     as the plan sizes it (:func:`~src_dask._plan.sketch_column_bytes`)."""
     return chunk * sketch_column_bytes(stack)
+
+
+def _pass2_at_once(sweep: SweepPlan, j: int, threads: int) -> int:
+    """Pass-2 tasks of site ``j`` a worker runs at once: one where the site is one task
+    (or its row blocks are, at most, one), else its threads."""
+    if sweep.pass2.together and sweep.z_blocks[j] == 1:
+        return 1
+    return min(threads, sweep.z_blocks[j]) if sweep.pass2.together else threads
 
 
 def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:

@@ -77,10 +77,11 @@ def lazy(core: Any) -> Any:
     return da.from_array(core, chunks=core.chunks, asarray=False)
 
 
-def pass1_block(env: Any, cores: list[Any], *, site: int, start: int, stop: int, run: str,
-                store: RunStore | None, block: int, last: bool, seed_key: int,
-                legs: tuple[int, int]) -> Any:
-    """One step of a block's pass-1 chain, in halves if it does not fit in memory.
+def pass1_block(env: Any, cores: list[Any], after: Any = None, *, site: int, start: int,
+                stop: int, run: str, store: RunStore | None, block: int, last: bool,
+                seed_key: int, legs: tuple[int, int]) -> Any:
+    """One step of a block's pass-1 chain (once ``after``, a barrier, has run), in
+    halves if it does not fit in memory.
 
     With a run store ``C_{j+1}`` also goes to disk (pass 2 reads it there) and
     the last site marks the block done.
@@ -291,6 +292,11 @@ def stored(*, store: RunStore, what: str, site: int, device: str) -> Any:
 
 def signal(x: Any) -> None:
     """None, once the task whose result is ``x`` has run (``GraphBuilder.signal``)."""
+    return None
+
+
+def signal_all(*xs: Any) -> None:
+    """None, once the tasks whose results are ``xs`` have run (a barrier)."""
     return None
 
 
