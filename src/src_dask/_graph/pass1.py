@@ -29,7 +29,13 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
                                    grp)
              for grp, c in lead.items() for j in range(n - 1)}
     envs: list[list[Any]] = [[None] * len(blocks) for _ in range(n)]
-    barriers = _barriers(g, blocks_todo, n)
+
+    def done(j: int, c: int) -> Any:  # the last task of block c at site j
+        if store is None and j + 1 <= plan.host_envs:
+            return (g.name("pass1", j), c, "host")
+        return (g.name("pass1", j), c)
+
+    barriers = _barriers(g, blocks_todo, n, done)
     for c in blocks_todo:
         start, stop = blocks[c]
         env = None
@@ -41,8 +47,9 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
                               seed_key=plan.key, legs=(stack.up(j), stack.down(j))), c)
             # the environments the device does not keep: a copy in host memory for pass
             # 2, made by a thread of the worker (the chain goes on with the device's)
-            kept = env if store is not None or j + 1 > plan.host_envs else g.pin(
-                g.add((g.name("pass1", j), c, "host"), tasks.to_host, env), c)
+            kept = done(j, c)
+            if kept != env:
+                g.pin(g.add(kept, tasks.to_host, env), c)
             envs[j + 1][c] = kept
     return envs
 
@@ -51,14 +58,18 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
 _LAG = 2
 
 
-def _barriers(g: GraphBuilder, blocks_todo: list[int], n: int) -> dict[tuple[int, int], Any]:
+def _barriers(g: GraphBuilder, blocks_todo: list[int], n: int,
+              done: Any) -> dict[tuple[int, int], Any]:
     """``{(site, worker): key}``: a task that has run once every block on the worker
-    (index; blocks are pinned round robin) has done the site. A block's step at site
-    ``j`` waits for the barrier of site ``j - _LAG``, so a worker's chains go through
-    the sites together and each site's cores are used by all its blocks and dropped;
-    left free, Dask ran the chains one after another and kept every site's cores for
-    the last one (at 21 blocks on a 12 GB GPU pool they were spilled to host memory
-    and read back for each block)."""
+    (index; blocks are pinned round robin) has done the site (``done(j, c)``: the
+    block's last task there, its step or the copy of its environment to host memory).
+    A block's step at site ``j`` waits for the barrier of site ``j - _LAG``, so a
+    worker's chains go through the sites together: each site's cores are used by all
+    its blocks and dropped, and the environments copied to host memory leave the
+    device before more are made. Left free, Dask ran the chains one after another
+    and kept every site's cores for the last one (at 21 blocks on a 12 GB GPU pool
+    they were spilled to host memory and read back for each block), and ran steps
+    before copies, whose environments dask-cuda then spilled on the event loop."""
     workers = max(1, len(g.workers))
     out: dict[tuple[int, int], Any] = {}
     for w in range(workers):
@@ -66,7 +77,7 @@ def _barriers(g: GraphBuilder, blocks_todo: list[int], n: int) -> dict[tuple[int
         if len(mine) < 2:
             continue
         for j in range(n - 1 - _LAG):
-            steps = [g.signal((g.name("pass1", j), c)) for c in mine]
+            steps = [g.signal(done(j, c)) for c in mine]
             out[j, w] = g.pin(g.add((g.name("pass1", j), "all", w), tasks.signal_all, *steps),
                               w)
     return out
