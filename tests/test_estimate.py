@@ -192,3 +192,31 @@ def test_split_pass_2_holds_its_share_of_each_projected_core():
     assert split[0] == home[0]  # the end of pass 1: no Z yet
     assert [h - s for h, s in zip(home[1:], split[1:], strict=True)] == \
         pytest.approx([b / 2 for b in z])
+
+
+@pytest.mark.timeout(60)
+def test_a_gpu_worker_counts_its_pinned_reads_of_lazy_inputs_in_host_memory():
+    """A GPU worker reads lazy inputs into pinned host memory a few sites ahead of
+    their use, and CuPy's pinned pool keeps the blocks: its planned host peak has
+    twice the reads in flight that in-memory inputs (or a CPU run) do not add."""
+    import dask.array as da
+
+    from src_dask import _estimate, _plan
+    from src_dask._stack import make_stack
+
+    mpo, mps = random_mpo(8, 4, seed=1), random_mps(8, 16, seed=2)
+    eager = make_stack((mpo, mps))
+    lazy = make_stack(tuple([da.from_array(c) for c in t] for t in (mpo, mps)))
+    facts = _plan.Workers(count=1, threads=2, rss=100, host_limit=None, keep=None,
+                          device_limit=None, device_memory=2**30, memory=2**30)
+    peaks = {}
+    for name, stack in (("eager", eager), ("lazy", lazy)):
+        for device in ("cpu", "gpu"):
+            plan = _plan.Plan(sketch=16, chunk=8, chi_out=16, cutoff=0.0, key=0, round=False,
+                              device=device)
+            sweep = _plan.SweepPlan.decide(stack, plan, None)
+            peaks[name, device] = _estimate.estimate(stack, sweep, facts, store=False,
+                                                     tasks=0, store_bytes=0, product="")
+            ahead = _estimate.inputs_in_flight(stack, sweep.lookahead)
+    assert peaks["lazy", "gpu"].peak_host == peaks["eager", "gpu"].peak_host + 2 * ahead
+    assert peaks["lazy", "cpu"].peak_host == peaks["eager", "cpu"].peak_host

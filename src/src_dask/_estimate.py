@@ -120,6 +120,11 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     on_host = host_held(stack, plan, workers.count) if plan.host_envs else [0.0] * len(tasks_at)
     held = [(data + ahead, running, put) for data, running, put in
             zip(data_held(stack, plan, workers.count, store), tasks_at, on_host, strict=True)]
+    # a GPU worker reads lazy inputs into pinned host memory ahead of their use, and
+    # CuPy's pinned pool keeps the blocks they leave: twice the reads in flight (on the
+    # ladder of benchmarks/README.md this brought the planned host peak from 0.1-0.9x
+    # of the workers' measured RSS to 0.8-1.1x)
+    reads = 2 * ahead if plan.device == "gpu" and stack.input_bytes(lazy=True) else 0
     device_keep = workers.device_limit if plan.device == "gpu" else None
     usable = usable_device(workers) if plan.device == "gpu" else None
     peak_host = peak_device = spilled = to_disk = 0
@@ -133,7 +138,7 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         to_disk = max(to_disk, host - kept)
         if plan.device == "gpu":
             peak_device = max(peak_device, here + running)
-            peak_host = max(peak_host, workers.rss + kept)
+            peak_host = max(peak_host, workers.rss + kept + reads)
         else:
             peak_host = max(peak_host, workers.rss + kept + running)
     return RunPlan(
