@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow test-slurm lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: $(VENV)/.installed-test
 # budgets follow the memory the machine has free; CI runs them after `make test`
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slow
+
+# the HPC path under a real Slurm: two nodes on this machine (tests/slurm/cluster.sh
+# installs Debian's Slurm when it is missing, as root), the sbatch example, dask-jobqueue
+test-slurm: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slurm
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_cpu.py

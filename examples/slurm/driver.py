@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chi-out", type=int, default=1000)
     p.add_argument("--oversample", default="0")
     p.add_argument("--workers", type=int, default=1, help="wait for this many workers")
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds to wait for them (then fail, naming how many came)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tls-ca-file", help="TLS: the CA's certificate (PEM)")
     p.add_argument("--tls-cert", help="TLS: this client's certificate, signed by the CA")
@@ -48,7 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     trains = [src_dask.open(os.path.join(args.inputs, d)) for d in factors]
     oversample = args.oversample if args.oversample == "auto" else int(args.oversample)
     with Client(scheduler_file=args.scheduler_file, security=security) as client:
-        client.wait_for_workers(args.workers)
+        try:
+            client.wait_for_workers(args.workers, timeout=args.timeout)
+        except TimeoutError:
+            raise SystemExit(f"driver.py: {len(client.nthreads())} of {args.workers} workers "
+                             f"joined within {args.timeout:g} s (see the workers' errors above)"
+                             ) from None
         print(f"dashboard: {client.dashboard_link}; {len(client.nthreads())} workers")
         t0 = time.perf_counter()
         y = src_dask.src(*trains, chi_out=args.chi_out, oversample=oversample,
