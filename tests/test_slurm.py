@@ -173,3 +173,30 @@ def test_dask_jobqueue_slurm_cluster_runs_src(slurm, tmp_path):
         y = src_dask.src(*trains, chi_out=12, seed=0, client=client)
     for p, q in zip(y.to_numpy(), ref.to_numpy(), strict=True):
         assert np.abs(p - q).max() <= 1e-12 * np.abs(q).max()
+
+
+@pytest.mark.timeout(300)
+def test_dask_jobqueue_slurm_runner_inside_an_allocation(slurm, tmp_path):
+    """``srun python examples/slurm/runner.py`` in a job of two nodes x two tasks
+    (dask-jobqueue's SLURMRunner: rank 0 the scheduler, rank 1 the client, the rest
+    workers): the job completes on its two workers and the store holds the in-process
+    result."""
+    inputs, trains = _inputs(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    runner = ROOT / "examples" / "slurm" / "runner.py"
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", "--cpus-per-task=1",
+         "--time=00:05:00", "-o", str(tmp_path / "job.out"), "--wrap",
+         f"srun python {runner} --inputs {inputs} --store {tmp_path / 'run.zarr'} "
+         "--chi-out 12 --timeout 120"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    state, _ = _wait(done.stdout.strip().split(";")[0], 240)
+    log = (tmp_path / "job.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert "on 2 workers" in log
+    opened = [src_dask.open(inputs / str(i)) for i in range(len(trains))]
+    y = src_dask.src(*opened, chi_out=12, oversample=0, seed=0, store=tmp_path / "run.zarr")
+    ref = src_dask.src(*trains, chi_out=12, oversample=0, seed=0)
+    for p, q in zip(y.to_numpy(), ref.to_numpy(), strict=True):
+        assert np.abs(p - q).max() <= 1e-12 * np.abs(q).max()
