@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow test-slurm lint bench clean
+.PHONY: demo test test-slow test-slurm test-mutants lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test-slow: $(VENV)/.installed-test
 # installs Debian's Slurm when it is missing, as root), the sbatch example, dask-jobqueue
 test-slurm: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slurm
+
+# the mutation check: deliberate defects in the core, each of which a fast test must catch
+# (tests/mutants.py lists them; it grows with every defect found)
+test-mutants: $(VENV)/.installed-test
+	$(BIN)/python tests/mutants.py
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_cpu.py

@@ -149,3 +149,20 @@ def test_cholesky_qr2_is_the_positive_diagonal_qr():
     nan = u.T.copy()
     nan[0, 0] = np.nan
     assert K._cholesky_qr2(nan) is None
+
+
+def test_the_cpu_basis_has_the_positive_diagonal_gauge():
+    """On the CPU (Householder QR) the basis of the sketch's range is canonical: its
+    triangular factor has a real positive diagonal, with and without a cutoff, so
+    cores agree across devices and chunkings core by core, not only as products."""
+    from src_dask import _kernels as K
+
+    rng = np.random.default_rng(3)
+    mt = rng.standard_normal((6, 20)) + 1j * rng.standard_normal((6, 20))
+    for cutoff in (0.0, 1e-3):
+        eta = K.orthonormalize([[mt[:4]], [mt[4:]]], up=2, down=2, cutoff=cutoff,
+                               max_rank=6, site=1)
+        q = eta.reshape(eta.shape[0], -1).T
+        assert np.abs(q.conj().T @ q - np.eye(q.shape[1])).max() < 1e-13
+        diag = np.diagonal(q.conj().T @ mt.T[:, :q.shape[1]])
+        assert np.abs(diag.imag).max() < 1e-12 and diag.real.min() > 0, cutoff

@@ -51,10 +51,11 @@ def slurm(tmp_path_factory):
 
 def _submit(args: list[str], env: dict[str, str], out: Path) -> str:
     """Submit the example script; its job id."""
-    full = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    full = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "DRIVER": str(ROOT / "examples" / "slurm" / "driver.py"), **env}
     done = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--time=00:05:00",
                            "-o", str(out), str(SBATCH), *args],
-                          env=full, cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          env=full, cwd=out.parent, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
 
@@ -97,6 +98,7 @@ def test_the_sbatch_example_runs_on_two_cpu_nodes(slurm, tmp_path):
     log = (tmp_path / "job.out").read_text()
     assert state == "COMPLETED", log[-3000:]
     assert "2 workers" in log  # one per node
+    assert not list(tmp_path.glob("scheduler-*.json"))  # the job's own file, gone with it
     # the finished run store gives its result back without work (same inputs, options)
     opened = [src_dask.open(inputs / str(i)) for i in range(len(trains))]
     y = src_dask.src(*opened, chi_out=12, oversample=0, seed=0, store=tmp_path / "run.zarr")

@@ -1,0 +1,150 @@
+"""The mutation check (``make test-mutants``; CI runs it): small deliberate defects in
+the core, each applied to a scratch copy of ``src/`` and required to make the fast
+tests that name what it breaks fail. A defect that no test notices is a gap in the
+suite; add the test, then the defect here. The list grows with every defect found.
+
+    python tests/mutants.py            # all, then a table; exit 1 if one survives
+    python tests/mutants.py --list     # the mutants
+    python tests/mutants.py -k resume  # those whose name has "resume"
+
+Each mutant is one exact replacement (it must occur once: a stale mutant is an error,
+not a pass). The tests run against the scratch copy (``PYTHONPATH``), first once on
+the unchanged copy, so that a failing environment is not taken for a caught defect.
+"""
+# ruff: noqa: T201
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # what the defect breaks
+    path: str  # the module, under src/src_dask
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
+
+
+MUTANTS = (
+    Mutant("kernels: the environment update forgets the conjugate", "_kernels.py",
+           ".reshape(q, -1).conj() @ _as_matrix(z, k).T", ".reshape(q, -1) @ _as_matrix(z, k).T",
+           ("tests/test_exact.py",)),
+    Mutant("sketch: a column's draws depend on where its block starts", "_random.py",
+           "columns = np.arange(start, stop, dtype=np.uint64)",
+           "columns = np.arange(0, stop - start, dtype=np.uint64)",
+           ("tests/test_sketch.py",)),
+    Mutant("QR: the CPU basis loses its positive-diagonal gauge", "_kernels.py",
+           "        q = _positive_diagonal(q, r)\n    else:", "        pass\n    else:",
+           ("tests/test_sketch.py", "-k", "gauge")),
+    Mutant("plan: the projection's model forgets its intermediates", "_kernels.py",
+           "return (s_row + z_row + 2 * biggest) * np.dtype",
+           "return (s_row + z_row) * np.dtype",
+           ("tests/test_plan.py", "-k", "measured_peak")),
+    Mutant("plan: environments the device cannot keep stay on it", "_plan.py",
+           "        if kept > budget:\n            return j",
+           "        if kept > budget:\n            return 0",
+           ("tests/test_plan.py", "-k", "crowd or record or keeps")),
+    Mutant("plan: pass 1's chains run free of their barrier", "_graph/pass1.py",
+           "after = barriers.get((j - _LAG,", "after = barriers.get((j + n,",
+           ("tests/test_graph.py", "-k", "shape_per_site")),
+    Mutant("estimate: a GPU worker's pinned reads are not counted", "_estimate.py",
+           "reads = 2 * ahead if", "reads = 0 * ahead if",
+           ("tests/test_estimate.py", "-k", "pinned")),
+    Mutant("run store: a resume takes the caller's chunk, not the store's", "_api.py",
+           "plan = dataclasses.replace(plan, chunk=chunk, key=",
+           "plan = dataclasses.replace(plan, chunk=plan.chunk, key=",
+           ("tests/test_store.py", "-k", "another_chunk")),
+    Mutant("run store: the disk estimate drops the environments", "_runstore.py",
+           "return (envs + s_env + cores) * item", "return (s_env + cores) * item",
+           ("tests/test_store.py", "-k", "planned_bytes")),
+    Mutant("checksums: a chunk whose CRC32C does not match is read anyway", "_integrity.py",
+           'if _crc32c(target) != int.from_bytes(tail, "little"):', "if False:",
+           ("tests/test_save_open_safety.py", "-k", "damaged")),
+    Mutant("lock: a second run takes a store's lock over the first's", "_lock.py",
+           "os.O_CREAT | os.O_EXCL | os.O_WRONLY", "os.O_CREAT | os.O_WRONLY",
+           ("tests/test_runstore_safety.py", "-k", "lock or second_process")),
+    Mutant("overwrite: a directory that is not a train may be replaced", "storage.py",
+           "    if not _is_train(target):\n        raise PathRefusedError",
+           "    if False:\n        raise PathRefusedError",
+           ("tests/test_save_open_safety.py", "-k", "not_a_train")),
+    Mutant("OOM: later tasks forget the size that fitted", "_oom.py",
+           "hi = min(b, lo + _FITS.get(key, b - a))", "hi = b",
+           ("tests/test_oom.py", "-k", "keeps_the_split")),
+)
+
+
+def _scratch(where: Path) -> Path:
+    """A copy of ``src/`` under ``where``; its path for PYTHONPATH."""
+    shutil.copytree(ROOT / "src", where / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return where / "src"
+
+
+def _run_tests(src: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, str]:
+    """Whether the tests pass against ``src``; the end of their output."""
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               "-p", "no:xdist", *tests], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:g} s"
+    return done.returncode == 0, (done.stdout + done.stderr)[-1500:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-k", default="", help="only the mutants whose name contains this")
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--timeout", type=float, default=600, help="per test run, seconds")
+    args = p.parse_args(argv)
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}  [{m.path}; {' '.join(m.tests)}]")
+        return 0
+    rows, bad = [], 0
+    with tempfile.TemporaryDirectory(prefix="src_dask_mutants_") as tmp:
+        clean = _scratch(Path(tmp) / "clean")
+        for m in chosen:
+            passed, out = _run_tests(clean, m.tests, args.timeout)
+            if not passed:
+                print(f"the tests of '{m.name}' fail on the unchanged code:\n{out}")
+                return 2
+        for i, m in enumerate(chosen):
+            src = _scratch(Path(tmp) / f"m{i}")
+            module = src / "src_dask" / m.path
+            text = module.read_text()
+            if text.count(m.old) != 1:
+                rows.append((m.name, f"STALE: found {text.count(m.old)} times"))
+                bad += 1
+                continue
+            module.write_text(text.replace(m.old, m.new))
+            start = time.monotonic()
+            passed, out = _run_tests(src, m.tests, args.timeout)
+            took = time.monotonic() - start
+            rows.append((m.name, f"{'SURVIVED' if passed else 'caught'} ({took:.0f} s)"))
+            if passed:
+                bad += 1
+                print(f"'{m.name}' survived {' '.join(m.tests)}:\n{out}")
+    width = max(len(name) for name, _ in rows)
+    for name, result in rows:
+        print(f"{name:<{width}}  {result}")
+    print(f"{len(rows) - bad} of {len(rows)} mutants caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
