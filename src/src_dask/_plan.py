@@ -141,6 +141,8 @@ class SweepPlan:
     bounded: tuple[bool, ...] = ()  # per site: memory cut Z in blocks (no task holds all)
     # per site j: S_{j-1} summed in Z_{j-1}'s row blocks (no task holds it whole)
     cut_env: tuple[bool, ...] = ()
+    # per site j >= 1: how pass 2's step there is cut into tasks (not split pass 2)
+    steps: tuple[SiteStep | None, ...] = ()
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
@@ -158,11 +160,14 @@ class SweepPlan:
             blocks[j - 1] = max(blocks[j - 1], env[j])
         fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
+        steps = (None,) + tuple(pass2.step(blocks[j], blocks[j - 1], fits=fits[j],
+                                           bounded=bounded[j], cut_env=cut[j])
+                                for j in range(1, stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
                    own_streams=own_streams(plan.device, workers),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
-                   fits=fits, bounded=bounded, cut_env=tuple(cut))
+                   fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
 
 
 # -- the sketch ------------------------------------------------------------------------

@@ -3,9 +3,9 @@ projected core ``Z_j`` (in row blocks when it is large) is sketched against
 ``C_j``, and the QR step makes the output core ``η_j``, the environment
 ``S_{j-1}`` and, where it is whole, the next projected core.
 
-How each site is cut into tasks is decided by the plan
-(:class:`~src_dask._plan.Pass2`, :meth:`~src_dask._plan.Pass2.step`); this
-module only lays the tasks out.
+How each site is cut into tasks is decided by the plan, before the graph is
+built (:class:`~src_dask._plan.SweepPlan`: its ``steps``, ``z_blocks``,
+``cut_env``); this module only lays the tasks out.
 """
 
 from __future__ import annotations
@@ -197,20 +197,14 @@ class _Pass2:
     def site(self, j: int, z: _Z) -> tuple[_Z | None, Any]:
         """Site ``j``'s step; returns the next site's ``Z`` (None: to be projected from
         the returned environment) and that environment."""
-        g = self.g
-        sweep = self.sweep
-        cut = bool(sweep.cut_env) and sweep.cut_env[j]
-        step = sweep.pass2.step(sweep.z_blocks[j], sweep.z_blocks[j - 1],
-                                fits=sweep.fits[j] if sweep.fits else True,
-                                bounded=sweep.bounded[j] if sweep.bounded else False,
-                                cut_env=cut)
+        g, sweep = self.g, self.sweep
+        cut, step = sweep.cut_env[j], sweep.steps[j]
         state = self.qr(j, z, step)
         self.out[j] = g.add((g.name("pass2", j), "core"), operator.getitem, state, 0)
         if step.chain:
             return None, self.chain(j, z, cut)
         # the next site's task picks Z out of this state when it is one fused task too
-        fused_next = not self.sweep.fits or self.sweep.fits[j - 1]
-        if step.whole and self.sweep.pass2.together and j > 1 and fused_next:
+        if step.whole and sweep.pass2.together and j > 1 and sweep.fits[j - 1]:
             return _Z([state], in_state=True), None
         if step.whole:
             return _Z([g.add((g.name("pass2", j - 1), "project", 0), operator.getitem,
