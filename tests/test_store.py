@@ -234,8 +234,9 @@ def test_planned_bytes_follow_the_data_of_a_run_of_several_megabytes(tmp_path):
     """On a run that writes several MB (environments and checkpoints far above the
     per-site allowance for metadata), the plan covers what is written and is not far
     above it: its data terms are counted, not lost in the allowance."""
-    a, x = random_mpo(12, 4, seed=1), random_mps(12, 64, seed=2)
-    src_dask.apply(a, x, 128, seed=0, store=tmp_path / "run")
+    # bonds 8·64 = 512 against a sketch of 32: the environments are most of the store
+    a, x = random_mpo(12, 8, seed=1), random_mps(12, 64, seed=2)
+    src_dask.apply(a, x, 32, seed=0, store=tmp_path / "run")
     written = sum(os.path.getsize(os.path.join(r, f))
                   for r, _, fs in os.walk(tmp_path / "run") for f in fs)
     planned = zarr.open_group(tmp_path / "run", mode="r").attrs["bytes_planned"]
