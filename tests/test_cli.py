@@ -148,15 +148,17 @@ def test_run_refuses_to_write_over_an_output(problem, tmp_path, capsys):
 def test_a_failed_run_leaves_no_output(problem, tmp_path, monkeypatch, capsys):
     """A failure while writing the result, or an interrupt during the run, leaves
     nothing at --out: no complete-looking train, no temporaries."""
+    from src_dask import storage
+
     a, x = problem
     out = tmp_path / "y"
-    save = src_dask.save
+    write = storage._write
 
-    def save_then_fail(train, path, **kw):
-        save(train, path, **kw)  # the whole train written, then the failure
+    def write_then_fail(*args, **kw):
+        write(*args, **kw)  # the whole train written, then the failure
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(src_dask, "save", save_then_fail)
+    monkeypatch.setattr(storage, "_write", write_then_fail)
     args = ["run", str(a), str(x), "--chi-out", "4", "--out", str(out)]
     assert main(args) == 1
     assert "No space left on device" in error_line(capsys)
@@ -165,7 +167,7 @@ def test_a_failed_run_leaves_no_output(problem, tmp_path, monkeypatch, capsys):
     def interrupted(*trains, **options):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(src_dask, "save", save)
+    monkeypatch.setattr(storage, "_write", write)
     monkeypatch.setattr(src_dask, "src", interrupted)
     assert main(args) == 130
     assert capsys.readouterr().err.strip() == "src-dask: interrupted"

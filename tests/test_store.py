@@ -18,6 +18,7 @@ from helpers import random_mpo, random_mps
 import src_dask
 from src_dask import _graph, _runstore
 from src_dask import _kernels as K
+from src_dask.errors import StoreError
 
 
 def _close(y, ref, tol=1e-12):
@@ -418,3 +419,63 @@ def test_kept_inputs_are_read_once(saved, counts):
         y = src_dask.apply(a2, x2, 10, seed=0)
     _close(y, src_dask.apply(a, x, 10, seed=0))
     assert counts["read"] == 2 * 8
+
+
+# -- stacks and provenance ----------------------------------------------------------------
+def test_a_stack_saves_and_opens_its_factors_in_order(tmp_path):
+    """``save_stack`` writes the factors of a product as one stack (leftmost first,
+    ``attrs`` on the stack and each train); ``open_stack`` gives them back by name,
+    in order, lazily; ``overwrite`` replaces a stack src_dask wrote, as a train."""
+    trains = {"N": random_mpo(5, 2, phys=3, seed=1), "M": random_mpo(5, 3, phys=3, seed=2),
+              "psi": random_mps(5, 4, phys=3, seed=3)}
+    src_dask.save_stack(trains, tmp_path / "s", attrs={"generated": {"by": "test"}})
+    back = src_dask.open_stack(tmp_path / "s")
+    assert list(back) == ["N", "M", "psi"]
+    for name, t in trains.items():
+        _close(back[name], t, tol=0)
+        assert zarr.open_group(tmp_path / "s" / name, mode="r").attrs["generated"] == {"by": "test"}
+    assert zarr.open_group(tmp_path / "s", mode="r").attrs["generated"] == {"by": "test"}
+    with pytest.raises(FileExistsError, match="already exists"):
+        src_dask.save_stack(trains, tmp_path / "s")
+    src_dask.save_stack({"psi": trains["psi"]}, tmp_path / "s", overwrite=True)
+    assert list(src_dask.open_stack(tmp_path / "s")) == ["psi"]
+    src_dask.save(trains["N"], tmp_path / "s", overwrite=True)  # a train may replace it too
+    assert len(src_dask.open(tmp_path / "s")) == 5
+    assert [p.name for p in tmp_path.iterdir()] == ["s"]  # no temporaries left
+
+
+@pytest.mark.parametrize(("factors", "attrs", "match"), [
+    ({"../up": None}, None, "not a folder name"),
+    ({".hidden": None}, None, "not a folder name"),
+    ({}, None, "no factors"),
+    ({"a": None}, {"format": "mine"}, "format are the format's own attributes"),
+    ({"a": None}, {"when": object()}, "not JSON values"),
+])
+def test_a_stack_of_bad_names_or_attributes_is_refused_before_writing(tmp_path, factors, attrs,
+                                                                     match):
+    factors = {k: random_mps(3, 2, seed=0) for k in factors}
+    with pytest.raises(ValueError, match=match):
+        src_dask.save_stack(factors, tmp_path / "s", attrs=attrs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_records_attributes_but_not_over_the_formats_own(tmp_path):
+    x = random_mps(4, 3, seed=0)
+    src_dask.save(x, tmp_path / "x", attrs={"made_by": {"command": "test", "seed": 3}})
+    assert zarr.open_group(tmp_path / "x", mode="r").attrs["made_by"] == {"command": "test",
+                                                                          "seed": 3}
+    for bad in ({"id": "mine"}, {"complete": True}, ["not", "a", "dict"]):
+        with pytest.raises(ValueError, match="attrs"):
+            src_dask.save(x, tmp_path / "y", attrs=bad)
+    assert not (tmp_path / "y").exists()
+
+
+def test_open_stack_refuses_what_is_not_a_stack_or_reaches_outside_it(tmp_path):
+    src_dask.save(random_mps(3, 2, seed=0), tmp_path / "x")
+    with pytest.raises(StoreError, match="not a src_dask stack"):
+        src_dask.open_stack(tmp_path / "x")
+    src_dask.save_stack({"a": random_mps(3, 2, seed=0)}, tmp_path / "s")
+    group = zarr.open_group(tmp_path / "s", mode="r+")
+    group.attrs["factors"] = ["../x"]
+    with pytest.raises(StoreError, match="outside the stack folder"):
+        src_dask.open_stack(tmp_path / "s")

@@ -18,23 +18,21 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import _integrity, _paths, _random, _runstore, storage
+from . import _paths, _runstore, storage
 from .errors import OverwriteNeededError
 from .trains import SUPPORTED_DTYPES
 
 PROG = "src-dask"
 DTYPES = tuple(t.name for t in SUPPORTED_DTYPES)
 #: Formats of the Zarr groups this package writes (group attribute ``format``).
-TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = storage.FORMAT, "src_dask.stack", _runstore.FORMAT
+TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = storage.FORMAT, storage.STACK_FORMAT, _runstore.FORMAT
 
 
 class CLIError(Exception):
@@ -131,54 +129,12 @@ def _format(path: str) -> str | None:
     return None if attrs is None else attrs.get("format")
 
 
-def _check_replaceable(path: str, overwrite: bool) -> None:
-    """Refuse to write ``path`` if something is there, unless ``overwrite`` and it is
-    a train or stack this package wrote (or an empty folder): nothing else is deleted."""
-    if _paths.holds_working_directory(os.path.realpath(path)):
-        raise CLIError(f"{path}: is the working directory or one of its parents; name a "
-                       "path of its own")
-    _paths.check_parent(os.path.realpath(path), path)
-    if not os.path.lexists(path):
-        return
-    if not overwrite:
+def _check_out(path: str, overwrite: bool) -> None:
+    """Refuse, before any work, an output path that ``storage.save`` would not write:
+    something there without ``--overwrite``, or anything src_dask did not write."""
+    if os.path.lexists(path) and not overwrite:
         raise CLIError(f"{path}: already exists; pass --overwrite to replace it")
-    empty = os.path.isdir(path) and not os.listdir(path)
-    if not empty and _format(path) not in (TRAIN_FORMAT, STACK_FORMAT):
-        raise CLIError(f"{path}: exists and is not a src_dask train or stack; not replacing "
-                       "it (remove it yourself)")
-
-
-@contextlib.contextmanager
-def _atomic_dir(path: str, overwrite: bool) -> Iterator[str]:
-    """A temporary sibling of ``path`` to write into; renamed to ``path`` only when the
-    block finishes, so a failed or interrupted write never leaves a complete-looking
-    output at ``path`` (the temporary is removed)."""
-    _check_replaceable(path, overwrite)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp = os.path.join(parent, f".{name}.partial-{tag}")
-    try:
-        yield tmp
-        if os.path.lexists(path):
-            old = os.path.join(parent, f".{name}.old-{tag}")
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _record(path: str, key: str, value: dict) -> None:
-    """Add provenance (how a train was made) to the attributes of the group at ``path``."""
-    import zarr
-
-    zarr.open_group(path, mode="r+", use_consolidated=False).attrs[key] = \
-        json.loads(json.dumps(value))
-    _integrity.consolidate(path)  # writing the attributes dropped the consolidated metadata
+    storage.check_writable(path, overwrite=True)
 
 
 # -- local clusters ------------------------------------------------------------------
@@ -439,28 +395,19 @@ def _build_problem(spec: dict[str, Any]) -> dict[str, Any]:
 
 def generate(args: argparse.Namespace) -> int:
     """Write a reference problem to ``args.path`` (a stack: one train per factor)."""
-    import zarr
-
-    import src_dask
-
     spec = _generate_spec(args)
     if spec.get("sites", 2) < 2:
         args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
     path = os.path.abspath(args.path)
-    _check_replaceable(path, args.overwrite)
+    _check_out(path, args.overwrite)
     _paths.check_space(path, _problem_bytes(spec), "the problem")  # before drawing anything
     trains = _build_problem(spec)
     need = sum(t.nbytes for t in trains.values())
     t0 = time.perf_counter()
-    with _atomic_dir(path, args.overwrite) as tmp:
-        if spec["kind"] == "stack":
-            group = zarr.open_group(tmp, mode="w")
-            group.attrs.update({"format": STACK_FORMAT, "version": 1,
-                                "factors": list(trains), "generated": spec})
-        for name, train in trains.items():
-            where = os.path.join(tmp, name) if name else tmp
-            src_dask.save(train, where)
-            _record(where, "generated", spec)
+    if spec["kind"] == "stack":
+        storage.save_stack(trains, path, overwrite=args.overwrite, attrs={"generated": spec})
+    else:
+        storage.save(trains[""], path, overwrite=args.overwrite, attrs={"generated": spec})
     seconds = time.perf_counter() - t0
     what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
     first = next(iter(trains.values()))
@@ -470,29 +417,6 @@ def generate(args: argparse.Namespace) -> int:
 
 
 # -- run ------------------------------------------------------------------------------------
-def _stack_factors(path: str) -> list[tuple[str, str]]:
-    """The factors of the stack at ``path``, as (name, path) pairs, leftmost first.
-    Each must be a folder inside the stack's own (after symlinks: ``realpath``):
-    a crafted ``factors`` attribute (``../elsewhere.zarr``, an absolute path, a
-    symlink out) would make ``run`` and ``info`` read whatever it names."""
-    from .errors import StoreError
-
-    factors = (_attrs(path) or {}).get("factors")
-    if not isinstance(factors, list) or not factors or \
-            not all(isinstance(f, str) and f for f in factors):
-        raise StoreError(f"{path}: stack attribute 'factors' is not a list of names "
-                         f"(got {factors!r})")
-    root = os.path.realpath(path)
-    out = []
-    for name in factors:
-        where = os.path.realpath(os.path.join(path, name))
-        if where == root or os.path.commonpath([root, where]) != root:
-            raise StoreError(f"{path}: stack factor {name!r} is outside the stack folder "
-                             f"(it resolves to {where}); refusing to read it")
-        out.append((name, os.path.join(path, name)))
-    return out
-
-
 def _open_inputs(paths: Sequence[str]) -> list[Any]:
     """The saved trains at ``paths``, leftmost factor first; a stack expands to its factors."""
     import src_dask
@@ -503,7 +427,7 @@ def _open_inputs(paths: Sequence[str]) -> list[Any]:
             raise CLIError(f"{path}: no such file or directory")
         fmt = _format(path)
         if fmt == STACK_FORMAT:
-            trains += [src_dask.open(where) for _name, where in _stack_factors(path)]
+            trains += list(storage.open_stack(path).values())
         elif fmt == TRAIN_FORMAT:
             trains.append(src_dask.open(path))
         elif fmt == RUN_FORMAT:
@@ -594,7 +518,7 @@ def run(args: argparse.Namespace) -> int:
     for train in trains:  # --out must not write over (or around) an input
         _paths.check_apart(out, _paths.train_dirs(train, f"input {train.name}"),
                            f"--out {args.out}")
-    _check_replaceable(out, args.overwrite)  # before any work
+    _check_out(out, args.overwrite)  # before any work
     if args.store is not None:
         _paths.check_apart(out, {"--store": os.path.realpath(args.store)}, f"--out {args.out}")
     if args.store is not None and args.overwrite_store:
@@ -606,11 +530,8 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error("--report: Dask's performance report needs a cluster; add "
                           "--workers N, --gpus N or --scheduler-file FILE")
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    seed = args.seed
-    if seed is None and args.store is None:
-        seed = _random.draw_seed()  # a stored run records (and on resume reuses) its own
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
-               "dtype": args.dtype, "seed": seed, "chunk": args.chunk}
+               "dtype": args.dtype, "seed": args.seed, "chunk": args.chunk}
     with _log_to_stderr(args.verbose), _compute_client(args) as client:
         t0 = time.perf_counter()
         try:
@@ -620,14 +541,10 @@ def run(args: argparse.Namespace) -> int:
         except OverwriteNeededError as err:
             # the API's option is this command's --overwrite-store
             raise CLIError(f"{err.reason}; pass --overwrite-store to replace it") from err
-        if args.store is not None:
-            options["seed"] = _attrs(os.path.abspath(args.store))["seed"]  # type: ignore[index]
-        with _atomic_dir(out, args.overwrite) as tmp:
-            src_dask.save(result, tmp)
-            _record(tmp, "made_by", {"command": "src-dask run",
-                                     "inputs": [os.path.abspath(p) for p in args.trains],
-                                     "store": args.store and os.path.abspath(args.store),
-                                     **options})
+        options["seed"] = result.seed  # drawn by src when not given (a store keeps its own)
+        made_by = {"command": "src-dask run", "inputs": [os.path.abspath(p) for p in args.trains],
+                   "store": args.store and os.path.abspath(args.store), **options}
+        storage.save(result, out, overwrite=args.overwrite, attrs={"made_by": made_by})
     seconds = time.perf_counter() - t0
     _out(f"wrote {result.kind} to {args.out}: {len(result)} sites, max bond "
          f"{max(result.bond_dims)}, {result.dtype}, {_nbytes(result.nbytes)} in "
@@ -739,9 +656,8 @@ def info(args: argparse.Namespace) -> int:
         data = _train_info(path)
         lines = [f"{path}: src_dask train"] + _train_lines(data)
     elif fmt == STACK_FORMAT:
-        stack = _stack_factors(path)
-        factors = [name for name, _where in stack]
-        parts = {name: _train_info(where) for name, where in stack}
+        factors = list(storage.open_stack(path))
+        parts = {name: _train_info(os.path.join(path, name)) for name in factors}
         data = {"path": path, "what": "stack", "factors": parts}
         lines = [f"{path}: src_dask stack {'·'.join(factors)} ('src-dask run' takes it as "
                  f"{len(factors)} factors, in this order)"]

@@ -26,11 +26,14 @@ since it was opened raises (:mod:`src_dask.errors`) instead of giving numbers.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import operator
 import os
 import shutil
 import uuid
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dask.array as da
@@ -43,6 +46,12 @@ from .trains import TensorTrain, _to_numpy, as_train
 
 FORMAT = "src_dask.train"
 VERSION = 2
+#: A stack of trains (the factors of a product): a group whose attribute ``factors``
+#: names its trains, leftmost first, each saved in the folder of that name inside it.
+STACK_FORMAT = "src_dask.stack"
+_STACK_VERSION = 1
+#: Attributes :func:`save` and :func:`save_stack` write themselves (not in ``attrs=``).
+_RESERVED = {"format", "version", "kind", "sites", "layout", "id", "complete", "factors"}
 MAX_CHUNK_BYTES = 256 * 2**20
 _LAYOUT = {"mps": "lrp", "mpo": "lrud"}
 
@@ -69,14 +78,31 @@ def chunks_for(shape: tuple[int, ...], itemsize: int,
 
 # -- paths ------------------------------------------------------------------------------
 def _is_train(path: str) -> bool:
+    """Whether ``path`` holds what :func:`save` or :func:`save_stack` wrote (a train or
+    a stack of them): what they may replace."""
     attrs = _paths.group_attrs(path)
-    return attrs is not None and attrs.get("format") == FORMAT
+    return attrs is not None and attrs.get("format") in (FORMAT, STACK_FORMAT)
+
+
+def check_writable(path: str | os.PathLike, overwrite: bool = False) -> None:
+    """Raise before any work if :func:`save` or :func:`save_stack` could not write
+    ``path``: :class:`~src_dask.errors.PathRefusedError` for what src_dask does not
+    replace (a file, a directory of other things, the working directory or one of
+    its parents, a parent that is a file), ``FileExistsError`` for a train or stack
+    already there without ``overwrite``."""
+    path = _paths.as_path(path)
+    target = os.path.realpath(path)
+    if _paths.holds_working_directory(target):
+        raise PathRefusedError(f"{path}: is the current working directory or contains it; "
+                               "src_dask does not replace it (choose another path)")
+    _check_target(path, target, overwrite)
+    _paths.check_parent(target, path)
 
 
 def _check_target(path: str, target: str, overwrite: bool) -> str:
     """What is at ``target`` (the real path of ``path``): ``"absent"``, ``"empty"``
-    (an empty directory) or ``"train"`` (one that ``overwrite`` allows replacing);
-    raises for anything that must not be replaced."""
+    (an empty directory) or ``"train"`` (a train or stack that ``overwrite`` allows
+    replacing); raises for anything that must not be replaced."""
     if not os.path.lexists(target):
         return "absent"
     if not os.path.isdir(target):
@@ -89,8 +115,9 @@ def _check_target(path: str, target: str, overwrite: bool) -> str:
     if not os.listdir(target):
         return "empty"
     if not _is_train(target):
-        raise PathRefusedError(f"{path}: exists and is not a src_dask train; src_dask does "
-                               "not replace it (remove it yourself or choose another path)")
+        raise PathRefusedError(f"{path}: exists and is not a src_dask train or stack; "
+                               "src_dask does not replace it (remove it yourself or choose "
+                               "another path)")
     if not overwrite:
         raise FileExistsError(f"{path}: already exists; pass overwrite=True to replace it")
     return "train"
@@ -124,7 +151,8 @@ def _check_chunks(chunks: Any, kind: str) -> tuple[int, ...] | None:
 
 # -- save -------------------------------------------------------------------------------
 def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = None, *,
-         max_chunk_bytes: int = MAX_CHUNK_BYTES, overwrite: bool = False) -> None:
+         max_chunk_bytes: int = MAX_CHUNK_BYTES, overwrite: bool = False,
+         attrs: dict[str, Any] | None = None) -> None:
     """Write ``train`` to a Zarr v3 group at ``path`` (see the module docstring).
 
     ``chunks`` fixes the chunk shape of every middle site (end sites drop the
@@ -138,19 +166,108 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
     directory, the store a core is read from or one around it) is refused with
     :class:`~src_dask.errors.PathRefusedError` before anything is written. Cores
     holding NaN or inf are refused (stored data is always finite, so NaN read back
-    means damage).
+    means damage). ``attrs`` (JSON values) are added to the group's attributes: how
+    the train was made, for instance.
     """
     path = _paths.as_path(path)
     tt = as_train(train)
     chunk_shape = _check_chunks(chunks, tt.kind)
-    number = isinstance(max_chunk_bytes, (int, float, np.number))
-    if isinstance(max_chunk_bytes, bool) or not number or not max_chunk_bytes > 0:
-        raise ValueError(f"max_chunk_bytes: expected a positive number of bytes, got "
-                         f"{max_chunk_bytes!r}")
+    _check_max_chunk_bytes(max_chunk_bytes)
+    extra = _check_attrs_given(attrs)
     target = os.path.realpath(path)
     # the train's own store is fine: it is replaced only once every site is written
     _paths.check_apart(target, _paths.train_dirs(tt, "the train being saved"), path,
                        allow_same=True)
+    with _installed(path, target, overwrite) as tmp:
+        _write(tt, tmp, path, chunk_shape, max_chunk_bytes, extra)
+
+
+def save_stack(factors: Mapping[str, Any], path: str | os.PathLike, *,
+               max_chunk_bytes: int = MAX_CHUNK_BYTES, overwrite: bool = False,
+               attrs: dict[str, Any] | None = None) -> None:
+    """Write the trains of ``factors`` (name: train, leftmost factor first) as one
+    stack at ``path``: a group naming them in order, each train saved as by
+    :func:`save` in the folder of its name. Written and replaced as :func:`save`
+    does (atomically; only an empty directory, or with ``overwrite`` a train or
+    stack src_dask wrote); ``attrs`` go to the stack and to each of its trains.
+    :func:`open_stack` reads it back; the command line's ``run`` takes it as its
+    factors."""
+    path = _paths.as_path(path)
+    names = list(factors)
+    if not names:
+        raise ValueError("save_stack: no factors given")
+    for name in names:
+        if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+                or "\\" in name or name.startswith("."):
+            raise ValueError(f"save_stack: factor name {name!r} is not a folder name")
+    trains = {name: as_train(t) for name, t in factors.items()}
+    _check_max_chunk_bytes(max_chunk_bytes)
+    extra = _check_attrs_given(attrs)
+    target = os.path.realpath(path)
+    for name, tt in trains.items():
+        _paths.check_apart(target, _paths.train_dirs(tt, f"factor {name}"), path)
+    with _installed(path, target, overwrite) as tmp:
+        group = _zarr().open_group(tmp, mode="w-")
+        group.attrs.update({**extra, "format": STACK_FORMAT, "version": _STACK_VERSION,
+                            "factors": names, "complete": False})
+        for name, tt in trains.items():
+            _write(tt, os.path.join(tmp, name), f"{path}/{name}", None, max_chunk_bytes, extra)
+        group.attrs["complete"] = True
+
+
+def open_stack(path: str | os.PathLike) -> dict[str, TensorTrain]:
+    """The trains of the stack at ``path`` (:func:`save_stack`), by name, leftmost
+    factor first, each opened as :func:`open` does. Every factor must be a folder
+    inside the stack's own (after symlinks): a crafted ``factors`` attribute
+    (``../elsewhere``, an absolute path, a symlink out) is a
+    :class:`~src_dask.errors.StoreError`, never a read of what it names."""
+    path = _paths.as_path(path)
+    attrs = _paths.group_attrs(path) if os.path.isdir(path) else None
+    if attrs is None or attrs.get("format") != STACK_FORMAT:
+        raise StoreError(f"{path}: not a src_dask stack (format "
+                         f"{None if attrs is None else attrs.get('format')!r})")
+    factors = attrs.get("factors")
+    if not isinstance(factors, list) or not factors or \
+            not all(isinstance(f, str) and f for f in factors):
+        raise StoreError(f"{path}: stack attribute 'factors' is not a list of names "
+                         f"(got {factors!r})")
+    root = os.path.realpath(path)
+    out = {}
+    for name in factors:
+        where = os.path.realpath(os.path.join(path, name))
+        if where == root or os.path.commonpath([root, where]) != root:
+            raise StoreError(f"{path}: stack factor {name!r} is outside the stack folder "
+                             f"(it resolves to {where}); refusing to read it")
+        out[name] = open(os.path.join(path, name))
+    return out
+
+
+def _check_max_chunk_bytes(max_chunk_bytes: Any) -> None:
+    number = isinstance(max_chunk_bytes, (int, float, np.number))
+    if isinstance(max_chunk_bytes, bool) or not number or not max_chunk_bytes > 0:
+        raise ValueError(f"max_chunk_bytes: expected a positive number of bytes, got "
+                         f"{max_chunk_bytes!r}")
+
+
+def _check_attrs_given(attrs: dict[str, Any] | None) -> dict[str, Any]:
+    """``attrs`` as JSON values, refused where they would replace the format's own."""
+    if attrs is None:
+        return {}
+    if not isinstance(attrs, dict):
+        raise ValueError(f"attrs: expected a dict of JSON values, got {type(attrs).__name__}")
+    clash = sorted(_RESERVED & set(attrs))
+    if clash:
+        raise ValueError(f"attrs: {', '.join(clash)} are the format's own attributes")
+    try:
+        return json.loads(json.dumps(attrs))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"attrs: not JSON values ({err})") from None
+
+
+@contextlib.contextmanager
+def _installed(path: str, target: str, overwrite: bool) -> Iterator[str]:
+    """A hidden sibling of ``target`` to write into, renamed into place when the block
+    finishes (:func:`_install`); removed if it fails or is interrupted."""
     _check_target(path, target, overwrite)
     _paths.check_parent(target, path)
     parent, name = os.path.split(target)
@@ -158,7 +275,7 @@ def save(train: Any, path: str | os.PathLike, chunks: tuple[int, ...] | None = N
     tag = uuid.uuid4().hex[:8]
     tmp = os.path.join(parent, f".{name}.partial-{tag}")
     try:
-        _write(tt, tmp, path, chunk_shape, max_chunk_bytes)
+        yield tmp
         _install(tmp, target, path, overwrite, os.path.join(parent, f".{name}.old-{tag}"))
     finally:
         if os.path.lexists(tmp):
@@ -174,14 +291,15 @@ def _finite(block: np.ndarray, what: str) -> np.ndarray:
 
 
 def _write(tt: TensorTrain, tmp: str, path: str, chunk_shape: tuple[int, ...] | None,
-           max_chunk_bytes: int) -> None:
+           max_chunk_bytes: int, extra: dict[str, Any] | None = None) -> None:
     """Every site of ``tt`` into a new group at ``tmp``, the completion mark last."""
     zarr = _zarr()
     train_id = uuid.uuid4().hex
     group = zarr.open_group(tmp, mode="w-")
     n = len(tt)
-    group.attrs.update({"format": FORMAT, "version": VERSION, "kind": tt.kind, "sites": n,
-                        "layout": _LAYOUT[tt.kind], "id": train_id, "complete": False})
+    group.attrs.update({**(extra or {}), "format": FORMAT, "version": VERSION,
+                        "kind": tt.kind, "sites": n, "layout": _LAYOUT[tt.kind],
+                        "id": train_id, "complete": False})
     for j, core in enumerate(tt):
         what = f"{path}, site {j}"
         dtype = np.dtype(core.dtype)
