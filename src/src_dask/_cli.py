@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import _paths, _runstore, storage
+from ._signals import forget, local_client
 from .errors import OverwriteNeededError
 from .trains import SUPPORTED_DTYPES
 
@@ -138,97 +139,6 @@ def _check_out(path: str, overwrite: bool) -> None:
 
 
 # -- local clusters ------------------------------------------------------------------
-def _quiet_worker(dask_worker: Any = None) -> None:
-    """Run on each worker after a Ctrl-C: its loggers quiet while it is closed."""
-    import logging
-
-    for name in list(logging.root.manager.loggerDict):
-        if name.split(".")[0] in ("distributed", "tornado", "asyncio"):
-            logging.getLogger(name).disabled = True
-
-
-@contextlib.contextmanager
-def _sigint_quiets(quiet: contextlib.ExitStack) -> Iterator[None]:
-    """While the block runs, a SIGINT first silences Dask's logs (into ``quiet``),
-    then raises KeyboardInterrupt as usual: Dask's threads log what the interrupt
-    undoes (cancelled gathers, lost tasks) from the moment it arrives. Where Python
-    drops the KeyboardInterrupt (raised in a gc callback or a ``__del__``, it is
-    only reported as "Exception ignored"), SIGINT is sent again, so the run stops
-    all the same, without that report."""
-    import signal
-    import threading
-
-    from ._cluster import quiet_logs
-
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    quieted: list[bool] = []
-    report = sys.unraisablehook
-
-    def interrupt(signum: int, frame: Any) -> None:
-        if not quieted:
-            quieted.append(True)
-            quiet.enter_context(quiet_logs())
-        raise KeyboardInterrupt
-
-    def dropped(unraisable: Any) -> None:
-        if issubclass(unraisable.exc_type, KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)  # again, until it gets through
-            return
-        report(unraisable)
-
-    signal.signal(signal.SIGINT, interrupt)
-    sys.unraisablehook = dropped
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.unraisablehook = report
-
-
-@contextlib.contextmanager
-def _local_client(start: Callable[[], Any]) -> Iterator[Any]:
-    """A ``distributed.Client`` on the local cluster that ``start()`` returns
-    (``_cluster.start_local``: loopback by default, a private spill directory,
-    worker processes that do not take SIGINT). A Ctrl-C silences Dask's logs
-    until the cluster is closed, so the interrupt shows as one line (``main``); a
-    Ctrl-C while the cluster closes waits for the close (then interrupts); the
-    spill directory is removed with the cluster."""
-    from distributed import Client
-
-    from ._cluster import quiet_logs, sigint_deferred
-
-    local = start()
-    client = None
-    quiet = contextlib.ExitStack()
-    came_while_closing = False
-    try:
-        with quiet:
-            try:
-                with _sigint_quiets(quiet):
-                    client = Client(local)
-                    yield client
-            except KeyboardInterrupt:
-                quiet.enter_context(quiet_logs())
-                with contextlib.suppress(Exception):
-                    client.run(_quiet_worker)  # type: ignore[union-attr]
-                raise
-            finally:
-                with sigint_deferred() as came:
-                    if client is not None:
-                        client.close()
-                    local.close()
-                came_while_closing = came()
-    finally:
-        remove = getattr(local, "_src_dask_spill", None)
-        if remove is not None:
-            remove()
-    if came_while_closing:
-        raise KeyboardInterrupt
-
-
 def _check_local_options(args: argparse.Namespace) -> None:
     """Options of a local cluster given without one (--workers/--gpus) would be
     silently ignored: a usage error instead; then their defaults."""
@@ -306,7 +216,7 @@ def demo(args: argparse.Namespace) -> int:
         return start_local(LocalCluster, n_workers=args.workers, threads_per_worker=1,
                            host=args.host, dashboard_address=address(args.host, 0))
 
-    with _local_client(start) as client:
+    with local_client(start) as client:
         out = sys.stdout
         out.write(f"dashboard: {client.dashboard_link}\n")
         out.write(f"problem:   MPO (bond {args.mpo_bond}) · MPS (bond {args.bond}), "
@@ -474,7 +384,7 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
             return start_local(LocalCluster, n_workers=args.workers,
                                threads_per_worker=args.threads, **options)
 
-        with _local_client(start) as client:
+        with local_client(start) as client:
             _err(f"dashboard: {client.dashboard_link}")
             yield client
         return
@@ -905,28 +815,6 @@ def _add_info(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=info, parser=p)
 
 
-def _forget(err: BaseException) -> None:
-    """Free what an interrupt left (the frames of its traceback and what they held)
-    with Dask's and asyncio's logs quiet: a Dask client's tasks freed with them
-    would otherwise log "Task exception was never retrieved" after the one line
-    that says the run was interrupted."""
-    quiet: Any = contextlib.nullcontext()
-    if "distributed" in sys.modules:
-        from ._cluster import quiet_logs
-
-        quiet = quiet_logs()
-    with quiet:
-        seen: set[int] = set()
-        while err is not None and id(err) not in seen:
-            seen.add(id(err))
-            err.__traceback__ = None  # frees its frames, and what they held, now
-            err = err.__context__ or err.__cause__  # type: ignore[assignment]
-        if "distributed" in sys.modules:
-            import gc
-
-            gc.collect()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = _parser()
@@ -939,7 +827,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         if args.debug:
             raise
-        _forget(err)
+        forget(err)
         _err("interrupted")
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly

@@ -32,7 +32,7 @@ The clusters src_dask starts (:func:`cluster`, and the command line's
 - workers spill to a fresh directory that only you can enter (mode 0700,
   :func:`private_directory`) under the ``local_directory`` you choose;
   it is removed with the cluster.
-- worker processes do not take SIGINT (:func:`sigint_deferred`), so a Ctrl-C
+- worker processes do not take SIGINT (:func:`._signals.sigint_deferred`), so a Ctrl-C
   in a terminal interrupts the client (which then closes the cluster) instead
   of killing every worker with a traceback of its own.
 """
@@ -50,13 +50,14 @@ import socket
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.utils
 
 from ._plan import is_ucx
+from ._signals import quiet_logs, sigint_deferred
 
 if TYPE_CHECKING:
     from ._plan import Workers
@@ -443,63 +444,6 @@ def private_directory(parent: str | None = None) -> str:
         parent = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix="src-dask-", dir=parent)
-
-
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[Callable[[], bool]]:
-    """SIGINT held back while the block starts worker processes; yields a function
-    that says, after the block, whether one came meanwhile.
-
-    SIGINT is blocked in this (the main) thread, so the threads Dask creates
-    meanwhile (its event loop, and the ones that start worker processes, now or
-    later in place of a dead worker) block it too, and so do the worker
-    processes they start: the signal mask is inherited across fork and exec,
-    and Python leaves it as it is. A terminal's Ctrl-C, sent to the whole
-    process group, then interrupts only this process. A SIGINT that arrives
-    during the block is recorded, not lost. A no-op outside the main thread or
-    without POSIX signal masks.
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or not hasattr(signal, "pthread_sigmask")
-            # not set from Python, or ignored (a background job): leave it be
-            or signal.getsignal(signal.SIGINT) in (None, signal.SIG_IGN)):
-        yield lambda: False
-        return
-    with contextlib.suppress(Exception):
-        # started now, or its start (which unblocks SIGINT in the thread that
-        # starts it, for the tracker's sake) would undo the block in Dask's loop thread
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
-    came: list[int] = []
-    handler = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield lambda: bool(came)
-    finally:
-        if signal.SIGINT in signal.sigpending():
-            signal.sigwait({signal.SIGINT})  # take it off the pending set; it is recorded
-            came.append(signal.SIGINT)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        signal.signal(signal.SIGINT, handler)
-
-
-@contextlib.contextmanager
-def quiet_logs() -> Iterator[None]:
-    """Dask's loggers (and tornado's, asyncio's, bokeh's) silent while the block
-    runs; as they were afterwards. For closing a cluster after a Ctrl-C, whose
-    warnings (lost tasks, closed connections) are what an interrupt means."""
-    roots = ("distributed", "tornado", "asyncio", "bokeh")
-    names = {n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in roots}
-    loggers = [logging.getLogger(n) for n in names | set(roots)]
-    saved = [(logger, logger.disabled) for logger in loggers]
-    for logger in loggers:
-        logger.disabled = True
-    try:
-        yield
-    finally:
-        for logger, disabled in saved:
-            logger.disabled = disabled
 
 
 def dask_setup(worker: Any) -> None:
