@@ -493,7 +493,7 @@ def test_generate_refuses_absurd_sizes_at_once(tmp_path, capsys, argv):
 
 
 def test_generate_bytes_from_the_shapes_are_what_is_written(tmp_path):
-    from src_dask._cli import _problem_bytes
+    from src_dask.problems import spec_bytes
 
     for spec, trains in [
         ({"kind": "mps", "sites": 9, "bond": 7, "phys": 3, "dtype": "complex64"},
@@ -503,4 +503,4 @@ def test_generate_bytes_from_the_shapes_are_what_is_written(tmp_path):
         ({"kind": "stack", "sites": 5, "bond": 2, "phys": 3, "dm": 6, "dtype": "complex128"},
          list(problems.stack(5, 6, phys=3, bond=2).values())),
     ]:
-        assert _problem_bytes(spec) == sum(t.nbytes for t in trains)
+        assert spec_bytes(spec) == sum(t.nbytes for t in trains)

@@ -130,3 +130,23 @@ def test_hamiltonian_dtypes_and_quimb_layout(dtype):
 def test_stack_bond_sets_the_bonds_of_n_v_and_u():
     s = problems.stack(5, dm=7, bond=3, phys=2)
     assert {name: max(t.bond_dims) for name, t in s.items()} == {"N": 3, "V": 3, "M": 7, "U": 3}
+
+
+def test_a_problem_spec_fills_its_defaults_builds_and_sizes_itself():
+    """``problems.spec`` (what ``src-dask generate`` records): defaults filled in, an
+    option of another kind refused; ``build`` makes it and ``spec_bytes`` says its
+    size without making it."""
+    from src_dask import problems
+
+    spec = problems.spec("mps", sites=6, bond=5)
+    assert spec == {"kind": "mps", "sites": 6, "bond": 5, "phys": 2, "dtype": "complex128",
+                    "seed": 0}
+    (train,) = problems.build(spec).values()
+    assert len(train) == 6 and max(train.bond_dims) == 5
+    assert problems.spec_bytes(spec) == train.nbytes
+    stack = problems.build(problems.spec("stack", sites=4, dm=6))
+    assert list(stack) == ["N", "V", "M", "U"]
+    with pytest.raises(ValueError, match="--dm does not apply to 'mpo'"):
+        problems.spec("mpo", dm=3)
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        problems.spec("peps")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _paths, _runstore, storage
+from . import _paths, _runstore, problems, storage
 from ._signals import forget, local_client
 from .errors import OverwriteNeededError
 from .trains import SUPPORTED_DTYPES
@@ -237,70 +236,14 @@ def demo(args: argparse.Namespace) -> int:
 
 
 # -- generate ----------------------------------------------------------------------------
-#: Per kind: the options that apply and their defaults (None: not used by the kind).
-_GENERATE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mps": {"sites": 50, "bond": 64, "phys": 2, "dtype": "complex128", "seed": 0},
-    "mpo": {"sites": 50, "bond": 4, "phys": 2, "dtype": "complex128", "seed": 0},
-    "stack": {"sites": 50, "bond": 4, "phys": 4, "dm": 1000, "dtype": "complex128", "seed": 0},
-    "heisenberg": {"sites": 50, "dtype": "float64", "j": 1.0, "jz": None, "field": 0.0},
-    "ising": {"sites": 50, "dtype": "float64", "j": 1.0, "field": 0.0},
-}
-_GENERATE_OPTIONS = ("sites", "bond", "phys", "dm", "dtype", "seed", "j", "jz", "field")
-
-
 def _generate_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """The kind's options: its defaults, overridden by what was given; an option
-    that does not apply to the kind is a usage error."""
-    defaults = _GENERATE_DEFAULTS[args.kind]
-    spec: dict[str, Any] = {"kind": args.kind}
-    for name in _GENERATE_OPTIONS:
-        given = getattr(args, name)
-        if name not in defaults:
-            if given is not None:
-                args.parser.error(f"--{name} does not apply to {args.kind!r}")
-            continue
-        spec[name] = defaults[name] if given is None else given
-    return spec
-
-
-def _problem_bytes(spec: dict[str, Any]) -> int:
-    """Bytes of a generate spec's trains, from their shapes alone (nothing is built)."""
-    from .problems import _capped_bonds, _core_shape
-
-    kind, n = spec["kind"], spec["sites"]
-    item = np.dtype(spec["dtype"]).itemsize
-    if kind in ("heisenberg", "ising"):
-        return n * 5 * 5 * 4 * item
-    phys = spec["phys"]
-    if kind == "stack":
-        factors = [[spec["bond"]] * (n - 1)] * 3 + [[spec["dm"]] * (n - 1)]
-        legs = (phys, phys)
-    else:
-        factors = [_capped_bonds(n, spec["bond"], phys if kind == "mps" else phys * phys)]
-        legs = (phys,) if kind == "mps" else (phys, phys)
-    return sum(math.prod(_core_shape(j, bonds, legs)) for bonds in factors
-               for j in range(n)) * item
-
-
-def _build_problem(spec: dict[str, Any]) -> dict[str, Any]:
-    """The trains of a generate spec: ``{"": train}``, or the stack's factors by name."""
-    from . import problems
-
-    kind, n, dtype = spec["kind"], spec["sites"], spec["dtype"]
-    if kind == "mps":
-        return {"": problems.random_mps(n, spec["bond"], spec["phys"], dtype=dtype,
-                                        seed=spec["seed"])}
-    if kind == "mpo":
-        return {"": problems.random_mpo(n, spec["bond"], spec["phys"], dtype=dtype,
-                                        seed=spec["seed"])}
-    if kind == "stack":
-        return problems.stack(n, spec["dm"], phys=spec["phys"], bond=spec["bond"],
-                              dtype=dtype, seed=spec["seed"])
-    if kind == "heisenberg":
-        jz = spec["j"] if spec["jz"] is None else spec["jz"]
-        return {"": problems.heisenberg(n, (spec["j"], spec["j"], jz), spec["field"],
-                                        dtype=dtype)}
-    return {"": problems.ising(n, spec["j"], spec["field"], dtype=dtype)}
+    """The kind's options (``problems.spec``); one that does not apply is a usage error."""
+    given = {name: getattr(args, name) for name in problems.SPEC_OPTIONS}
+    try:
+        return problems.spec(args.kind, **{k: v for k, v in given.items() if v is not None})
+    except ValueError as err:
+        args.parser.error(str(err))
+        raise  # not reached: error() exits
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -310,8 +253,8 @@ def generate(args: argparse.Namespace) -> int:
         args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
     path = os.path.abspath(args.path)
     _check_out(path, args.overwrite)
-    _paths.check_space(path, _problem_bytes(spec), "the problem")  # before drawing anything
-    trains = _build_problem(spec)
+    _paths.check_space(path, problems.spec_bytes(spec), "the problem")  # before drawing
+    trains = problems.build(spec)
     need = sum(t.nbytes for t in trains.values())
     t0 = time.perf_counter()
     if spec["kind"] == "stack":
@@ -659,7 +602,7 @@ def _add_generate(sub: Any, common: argparse.ArgumentParser) -> None:
             "Spin operators are S = sigma/2. Random problems are the same for the same "
             "options and seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 "
             "(12 GB); complex128 for random problems, float64 for Hamiltonians."))
-    p.add_argument("kind", choices=list(_GENERATE_DEFAULTS), metavar="KIND",
+    p.add_argument("kind", choices=list(problems.SPEC_DEFAULTS), metavar="KIND",
                    help="mps, mpo, stack, heisenberg or ising")
     p.add_argument("path", metavar="PATH", help="where to write (a Zarr group)")
     p.add_argument("--sites", type=_positive_int, metavar="N", help="number of sites (default 50)")

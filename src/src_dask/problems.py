@@ -26,6 +26,7 @@ fixed by the shapes (not by the dtype or the machine).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -276,3 +277,66 @@ def ising(sites: int, j: float = 1.0, bx: float = 0.0, *, dtype: Any = "float64"
     ``bx = 0`` by default, as in quimb; the critical point is ``bx = j / 2``.
     """
     return _nearest_neighbour_mpo(sites, [(float(j), _SZ)], -float(bx) * _SX, dtype, "ising")
+
+
+# -- problems by spec (the command line's ``generate``) ----------------------------------
+#: Per kind: the options that apply and their defaults (``jz`` None: ``j``).
+SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mps": {"sites": 50, "bond": 64, "phys": 2, "dtype": "complex128", "seed": 0},
+    "mpo": {"sites": 50, "bond": 4, "phys": 2, "dtype": "complex128", "seed": 0},
+    "stack": {"sites": 50, "bond": 4, "phys": 4, "dm": 1000, "dtype": "complex128", "seed": 0},
+    "heisenberg": {"sites": 50, "dtype": "float64", "j": 1.0, "jz": None, "field": 0.0},
+    "ising": {"sites": 50, "dtype": "float64", "j": 1.0, "field": 0.0},
+}
+SPEC_OPTIONS = ("sites", "bond", "phys", "dm", "dtype", "seed", "j", "jz", "field")
+
+
+def spec(kind: str, **given: Any) -> dict[str, Any]:
+    """A reference problem as a JSON-able spec: ``kind`` (a key of
+    :data:`SPEC_DEFAULTS`) and its options, defaults filled in; an option that does not
+    apply to the kind is a ValueError. :func:`build` makes it, :func:`spec_bytes`
+    sizes it without making it; saved trains record it (attribute ``generated``)."""
+    if kind not in SPEC_DEFAULTS:
+        raise ValueError(f"kind: expected one of {', '.join(SPEC_DEFAULTS)}, got {kind!r}")
+    defaults = SPEC_DEFAULTS[kind]
+    for name in given:
+        if name not in defaults:
+            raise ValueError(f"--{name} does not apply to {kind!r}")
+    return {"kind": kind, **defaults, **given}
+
+
+def spec_bytes(problem: dict[str, Any]) -> int:
+    """Bytes of the trains of ``problem`` (:func:`spec`), from their shapes alone."""
+    kind, n = problem["kind"], problem["sites"]
+    item = np.dtype(problem["dtype"]).itemsize
+    if kind in ("heisenberg", "ising"):
+        return n * 5 * 5 * 4 * item
+    phys = problem["phys"]
+    if kind == "stack":
+        factors = [[problem["bond"]] * (n - 1)] * 3 + [[problem["dm"]] * (n - 1)]
+        legs: tuple[int, ...] = (phys, phys)
+    else:
+        factors = [_capped_bonds(n, problem["bond"], phys if kind == "mps" else phys * phys)]
+        legs = (phys,) if kind == "mps" else (phys, phys)
+    return sum(math.prod(_core_shape(j, bonds, legs)) for bonds in factors
+               for j in range(n)) * item
+
+
+def build(problem: dict[str, Any]) -> dict[str, TensorTrain]:
+    """The trains of ``problem`` (:func:`spec`): ``{"": train}``, or a stack's factors
+    by name."""
+    kind, n, dtype = problem["kind"], problem["sites"], problem["dtype"]
+    if kind == "mps":
+        return {"": random_mps(n, problem["bond"], problem["phys"], dtype=dtype,
+                               seed=problem["seed"])}
+    if kind == "mpo":
+        return {"": random_mpo(n, problem["bond"], problem["phys"], dtype=dtype,
+                               seed=problem["seed"])}
+    if kind == "stack":
+        return stack(n, problem["dm"], phys=problem["phys"], bond=problem["bond"],
+                     dtype=dtype, seed=problem["seed"])
+    if kind == "heisenberg":
+        jz = problem["j"] if problem["jz"] is None else problem["jz"]
+        return {"": heisenberg(n, (problem["j"], problem["j"], jz), problem["field"],
+                               dtype=dtype)}
+    return {"": ising(n, problem["j"], problem["field"], dtype=dtype)}
