@@ -27,3 +27,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_product_norms():
+    """Each test starts without the ⟨P|P⟩ that ``distance`` remembers of earlier ones."""
+    from src_dask import _overlap
+
+    _overlap._NORMS.clear()
+    yield

@@ -184,3 +184,39 @@ def test_discarded_weight_per_bond_is_the_truncated_spectrum(tmp_path, caplog):
     again = src_dask.apply(a, x, chi_out=4, oversample=8, seed=0, store=tmp_path / "run")
     assert stored.discarded == pytest.approx(y.discarded) == again.discarded
     assert src_dask.apply(a, x, chi_out=4, seed=0).discarded is None  # no rounding: unknown
+
+
+def test_distance_pays_for_the_products_norm_once(tmp_path):
+    """⟨P|P⟩ is computed once per product and reused: a second result compared with
+    the same factors costs two overlaps, not three, and gives the same exact error;
+    other factors, or cores whose content cannot be told (a Dask array of no saved
+    train), cost three every time."""
+    import dask
+    import dask.array as da
+    from dask.callbacks import Callback
+
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    y1 = src_dask.apply(a, x, chi_out=3, seed=0)
+    y2 = src_dask.apply(a, x, chi_out=4, seed=0)
+    p = dense_product(a, x)
+
+    def counted(y, *trains):  # the distance, and how many overlaps it computed
+        steps = []
+        with dask.config.set(scheduler="sync"), \
+                Callback(pretask=lambda key, dsk, state: steps.append(str(key))):
+            d = src_dask.distance(y, *trains)
+        return d, len({k.rsplit("-", 1)[-1] for k in steps if k.startswith("overlap")})
+
+    d1, chains1 = counted(y1, a, x)
+    d2, chains2 = counted(y2, a, x)
+    assert (chains1, chains2) == (3, 2)
+    for y, d in ((y1, d1), (y2, d2)):
+        assert d == pytest.approx(np.linalg.norm(y.to_dense() - p) / np.linalg.norm(p),
+                                  rel=1e-8)
+    assert counted(y1, random_mpo(6, 3, seed=5), x)[1] == 3
+    src_dask.save(a, tmp_path / "a")
+    opened = src_dask.open(tmp_path / "a")
+    assert [counted(y1, opened, x)[1] for _ in range(2)] == [3, 2]  # a saved train: by its save
+    lazy = src_dask.TensorTrain([da.from_array(c) for c in a], "mpo")
+    assert [counted(y1, lazy, x)[1] for _ in range(2)] == [3, 3]
+    assert counted(y1, lazy, x)[0] == pytest.approx(d1, rel=1e-10)

@@ -19,6 +19,7 @@ from typing import Any
 import dask
 import numpy as np
 
+from . import _integrity
 from . import _kernels as K
 from ._cluster import choose_device
 from ._layout import pad
@@ -36,6 +37,11 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
     the current client, else Dask's local scheduler), with a progress bar if
     ``progress``. Being a difference of overlaps it resolves relative errors
     down to about ``1e-7`` (the square root of the double-precision epsilon).
+
+    ``⟨P|P⟩``, whose environments carry every bond of the product twice, is the
+    dearest of the three overlaps: it is computed once per product and reused by
+    later calls with the same factors (NumPy cores by content, trains opened with
+    :func:`src_dask.open` by their save; other lazy cores are not remembered).
     """
     from ._api import _client
     from ._progress import check_progress
@@ -54,14 +60,47 @@ def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) ->
                              f"the product's {theirs}")
     device = choose_device(client, [c for s in (result, product) for f in s.factors
                                     for c in f.train])
-    chains = [_chain(a, b, device) for a, b in ((result, result), (result, product),
-                                                (product, product))]
-    with in_graph(result, product, copies=3):  # each core in three overlap steps
-        yy, yp, pp = _compute(chains, client, progress)
+    key = _product_key(product)
+    pairs = [(result, result), (result, product)]
+    if key is None or key not in _NORMS:  # ⟨P|P⟩, the dearest of the three, once
+        pairs.append((product, product))
+    chains = [_chain(a, b, device) for a, b in pairs]
+    with in_graph(result, product, copies=3):  # each core in up to three overlap steps
+        yy, yp, *computed = _compute(chains, client, progress)
+    if computed and key is not None:
+        _remember(key, computed[0])
+    pp = computed[0] if computed else _NORMS[key]  # type: ignore[index]
     if pp == 0:
         raise ZeroDivisionError("distance: the product is zero")
     err2 = max(0.0, yy.real - 2 * yp.real + pp.real)
     return math.sqrt(err2 / pp.real)
+
+
+#: ``⟨P|P⟩`` of the products :func:`distance` has seen, by the content of their factors
+#: (Dask's tokens: a NumPy core's bytes, a Dask or stored core's name, which a save over
+#: it changes): comparing several results to one product pays for it once.
+_NORMS: dict[str, complex] = {}
+_NORMS_KEPT = 32
+
+
+def _product_key(product: Stack) -> str | None:
+    """The key of ``⟨P|P⟩`` in :data:`_NORMS`, or None where the factors' content
+    cannot be told cheaply and surely: only NumPy cores (hashed) and trains src_dask
+    opened from disk (named by their save, which a save over them changes) qualify;
+    a Zarr or HDF5 array given directly may change in place under the same name."""
+    for f in product.factors:
+        for j, core in enumerate(f.train):
+            if not (isinstance(core, np.ndarray)
+                    or isinstance(f.train.source(j), _integrity.VerifiedArray)):
+                return None
+    return dask.base.tokenize([(f.train.kind, f.transpose, list(f.train))
+                               for f in product.factors])
+
+
+def _remember(key: str, value: complex) -> None:
+    _NORMS[key] = value
+    while len(_NORMS) > _NORMS_KEPT:  # the oldest first
+        del _NORMS[next(iter(_NORMS))]
 
 
 def _compute(chains: list[Any], client: Any, progress: Any) -> list[complex]:
