@@ -36,3 +36,13 @@ def _fresh_product_norms():
 
     _overlap._NORMS.clear()
     yield
+
+
+@pytest.fixture
+def many_tasks(monkeypatch):
+    """Runs on a cluster as graphs of many tasks even when small (by default a run of
+    at most ``src_dask.one-task-flops`` is one task on one worker): for the tests of
+    the graph's layout on a cluster."""
+    import dask
+
+    monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 0)

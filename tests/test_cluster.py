@@ -3,6 +3,7 @@ on a pretend one), and examples/slurm/two_nodes_local.sh with CPU workers."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import dask
 import pytest
 from distributed import Client, LocalCluster
-from helpers import dense_product, random_mpo, random_mps, rel_err
+from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _cluster as C
@@ -411,7 +412,7 @@ def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monke
     assert whole - capped >= (gpu - pool) * 0.95 / 4
 
 
-def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog):
+def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog, many_tasks):
     """One question to the workers per call of src or plan, also when the plan is
     logged at INFO (the plan and its log line read the same answer)."""
     from src_dask import _api
@@ -457,3 +458,30 @@ def test_a_tasks_room_starts_where_dask_starts_spilling():
     no_spill = SimpleNamespace(memory_target_fraction=False, memory_spill_fraction=False,
                                memory_pause_fraction=0.8)
     assert C._below_pause(no_spill, 1000, 100) == 700
+
+
+@pytest.mark.timeout(120)
+def test_a_small_run_on_a_cluster_is_one_task(cluster_client):
+    """A run of at most ``src_dask.one-task-flops`` whose data fit a worker's tasks runs
+    as one task on one worker (its graph computed there): one task in the scheduler's
+    stream, not one per block and site, and the cores of the threaded run to 1e-12,
+    rounding included. Past the limit (or with it 0), or with a progress bar, the run
+    is the graph of many tasks."""
+    from distributed import get_task_stream
+
+    trains = (random_mpo(8, 3, phys=3, seed=1), random_mps(8, 5, phys=3, seed=2))
+    for oversample in (0, 4):
+        ref = src_dask.src(*trains, chi_out=10, oversample=oversample, seed=3)
+        with get_task_stream(client=cluster_client) as stream:
+            y = src_dask.src(*trains, chi_out=10, oversample=oversample, seed=3,
+                             client=cluster_client)
+        assert len(stream.data) == 1
+        assert close_cores(y, ref) and y.seed == 3
+        if oversample:
+            assert y.discarded == pytest.approx(ref.discarded, rel=1e-9, abs=1e-15)
+    for config, progress in (({"src_dask.one-task-flops": 0}, False), ({}, io.StringIO())):
+        with dask.config.set(config), get_task_stream(client=cluster_client) as stream:
+            y = src_dask.src(*trains, chi_out=10, seed=3, client=cluster_client,
+                             progress=progress)
+        assert len(stream.data) > 8
+        assert close_cores(y, src_dask.src(*trains, chi_out=10, seed=3))

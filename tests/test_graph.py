@@ -18,6 +18,11 @@ from src_dask._graph import keys
 from src_dask._stack import make_stack
 
 
+@pytest.fixture(autouse=True)
+def _layouts(many_tasks):
+    """Small runs here are graphs of many tasks: their layout is what is tested."""
+
+
 def _sweep(n=6, chunk=3, oversample=0, workers=None):
     a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
     stack = make_stack((a, x))

@@ -365,7 +365,8 @@ def test_gpu_workers_on_a_slow_link_are_warned_of():
         assert _plan.slow_gpu_link(stack, plan, workers) is None
 
 
-def test_src_warns_of_a_slow_link_once_a_cluster(monkeypatch, caplog, cluster_client):
+def test_src_warns_of_a_slow_link_once_a_cluster(monkeypatch, caplog, cluster_client,
+                                                 many_tasks):
     """``src`` on a cluster logs what :func:`_plan.slow_gpu_link` says, as a WARNING on
     the ``src_dask`` logger, before it runs; the next call on that cluster does not."""
     import logging

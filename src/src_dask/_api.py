@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, TextIO
 import dask
 import dask.utils
 
-from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore
+from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore, config
 from ._cluster import choose_device, ucx_waits_for_default_stream, worker_facts
 from ._estimate import RunPlan
 from ._runstore import Progress, RunStore
@@ -308,6 +308,9 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          run: RunStore | None = None, resume: Progress | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO)."""
+    if run is None and not progress and performance_report is None \
+            and _fits_one_task(stack, plan, client, facts):
+        return _run_in_one_task(stack, plan, client)
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
@@ -330,6 +333,39 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
         return None
     y = TensorTrain(list(cores), stack.kind, name="result")
     y.discarded = weights
+    return y
+
+
+def _fits_one_task(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers) -> bool:
+    """Whether a run on ``client`` is small enough to run as one task on one worker:
+    at most ``src_dask.one-task-flops`` FLOPs (the round trips of a graph of many
+    dependent tasks would cost more than its arithmetic) and its data and largest task
+    within what a worker's tasks may use together."""
+    if client is None or plan.task_bytes is None:
+        return False
+    limit = float(config.get("one-task-flops"))
+    total = sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values())
+    if total > limit:
+        return False
+    data = max(_estimate.data_held(stack, plan, 1, False))
+    inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
+    need = data + _estimate.pass1_task(stack, plan.sketch) + inputs
+    return need <= plan.task_bytes * max(1, facts.threads)
+
+
+def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any) -> TensorTrain:
+    """The run as one task on a worker: its graph (laid out for one process) computed
+    there by Dask's synchronous scheduler; the inputs travel once, in the task."""
+    graph = _graph.build(stack, plan)
+    weights = _graph.discarded(graph)
+    wanted = [graph.key] + ([weights.key] if weights is not None else [])
+    dsk = dict(graph.__dask_graph__().cull(set(wanted)))
+    log.info("src: %.3g FLOPs: the run is one task on one worker",
+             sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values()))
+    with in_graph(stack):
+        cores, *rest = client.submit(_graph.compute_here, dsk, wanted, pure=False).result()
+    y = TensorTrain(list(cores), stack.kind, name="result")
+    y.discarded = rest[0] if rest else None
     return y
 
 

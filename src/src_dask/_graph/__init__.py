@@ -21,7 +21,7 @@ from .._stack import Stack
 from . import keys, pass1, pass2, tasks
 from .builder import GraphBuilder, Inputs
 
-__all__ = ["build", "discarded", "keys", "outputs", "task_count", "tasks"]
+__all__ = ["build", "compute_here", "discarded", "keys", "outputs", "task_count", "tasks"]
 
 
 def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
@@ -79,3 +79,11 @@ def outputs(graph: Delayed) -> list[Delayed]:
     graph: a client can fetch each core as soon as it is final."""
     _, cores = graph.dask[graph.key]
     return [Delayed(k, graph.dask, layer=graph.key) for k in cores]
+
+
+def compute_here(dsk: dict, keys_wanted: list[Any]) -> list[Any]:
+    """The values of ``keys_wanted`` in ``dsk``, computed in this process by Dask's
+    synchronous scheduler: a whole run as one task on a worker (``_api._run``)."""
+    from dask.local import get_sync
+
+    return list(get_sync(dsk, keys_wanted))
