@@ -19,6 +19,12 @@ import src_dask
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def _layouts(many_tasks):
+    """Small runs on GPU clusters here are graphs of many tasks: their placement and
+    memory are what is tested (a small run is otherwise one task, test_cluster.py)."""
+
+
 def _same(y, ref, tol=1e-12, dense=True):
     """The same train: the product to ``tol`` (relative), and core by core (the
     gauge is canonical) to rounding amplified by the QR/SVD condition."""
