@@ -35,7 +35,7 @@ test-slow: $(VENV)/.installed-test
 # the HPC path under a real Slurm: two nodes on this machine (tests/slurm/cluster.sh
 # installs Debian's Slurm when it is missing, as root), the sbatch example, dask-jobqueue
 test-slurm: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m slurm
+	$(BIN)/python -m pytest -q -m slurm -rP -p no:logging
 
 # the mutation check: deliberate defects in the core, each of which a fast test must catch
 # (tests/mutants.py lists them; it grows with every defect found)

@@ -74,7 +74,9 @@ def _wait(job: str, timeout: float) -> tuple[str, float]:
     shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True,
                            text=True).stdout
     state = shown.split("JobState=", 1)[1].split()[0] if "JobState=" in shown else "?"
-    return state, time.monotonic() - start
+    took = time.monotonic() - start
+    print(f"Slurm job {job}: JobState={state} after {took:.0f} s")  # shown by make test-slurm
+    return state, took
 
 
 def _inputs(where: Path) -> tuple[Path, list]:
