@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _paths, _runstore, problems, storage
+from . import _info, _paths, _runstore, problems, storage
 from ._signals import forget, local_client
 from .errors import OverwriteNeededError
 from .trains import SUPPORTED_DTYPES
@@ -56,10 +56,7 @@ def _err(line: str) -> None:
     sys.stderr.flush()
 
 
-def _nbytes(n: int) -> str:
-    from dask.utils import format_bytes
-
-    return f"{format_bytes(n)} ({n} bytes)"
+_nbytes = _info.nbytes
 
 
 def _positive_int(text: str) -> int:
@@ -426,111 +423,12 @@ def plan(args: argparse.Namespace) -> int:
 
 
 # -- info -------------------------------------------------------------------------------------
-def _ints(values: Sequence[Any], head: int = 6) -> str:
-    """A long list of bonds or legs, shortened in the middle."""
-    items = [str(v) for v in values]
-    if len(items) > 2 * head + 1:
-        items = [*items[:head], "…", *items[-head:]]
-    return " ".join(items)
-
-
-def _phys_text(phys: Sequence[tuple[int, ...]]) -> str:
-    def one(p: tuple[int, ...]) -> str:
-        return "×".join(str(x) for x in p)
-
-    if len(set(phys)) == 1:
-        return f"{one(phys[0])} at every site"
-    return _ints([one(p) for p in phys])
-
-
-def _train_info(path: str) -> dict[str, Any]:
-    from .storage import describe
-
-    return describe(path)
-
-
-def _train_lines(info: dict[str, Any], indent: str = "  ") -> list[str]:
-    lines = [f"{indent}kind        {info['kind'].upper()}",
-             f"{indent}sites       {info['sites']}",
-             f"{indent}bond dims   {_ints(info['bond_dims'])}  (max {max(info['bond_dims'])})",
-             f"{indent}phys dims   {_phys_text([tuple(p) for p in info['phys_dims']])}",
-             f"{indent}dtype       {info['dtype']}",
-             f"{indent}bytes       {_nbytes(info['bytes'])}"]
-    for key, label in (("generated", "generated"), ("made_by", "made by")):
-        if key in info:
-            text = ", ".join(f"{k}={v}" for k, v in info[key].items() if v is not None)
-            lines.append(f"{indent}{label:<11} {text}")
-    return lines
-
-
-def _run_info(path: str) -> dict[str, Any]:
-    from ._runstore import describe
-
-    return describe(path)
-
-
-def _run_lines(info: dict[str, Any]) -> list[str]:
-    n = info["sites"]
-    options = ", ".join(f"{k}={v}" for k, v in info["options"].items())
-    status = "complete" if info["complete"] else "not complete (running, or interrupted: " \
-        "run the same command again to resume)"
-    lines = [f"  status      {status}",
-             f"  options     {options}",
-             f"  sketch      {info['sketch']} columns in blocks of {info['chunk']}, "
-             f"seed {info['seed']}",
-             f"  sites       {n}"]
-    for i, item in enumerate(info["inputs"]):
-        bra = ", transposed (bra)" if item["transposed"] else ""
-        lines.append(f"  input {i:<5} {item['kind'].upper()}, bond dims "
-                     f"{_ints(item['bond_dims'], 3)}, phys "
-                     f"{_phys_text([tuple(p) for p in item['phys_dims']])}{bra}")
-    done, blocks = info["pass1_blocks_done"], info["pass1_blocks"]
-    lines.append(f"  pass 1      {done} of {blocks} blocks of sketch columns done")
-    nxt = info["pass2_next_site"]
-    if nxt <= 0:
-        lines.append(f"  pass 2      done ({n - 1} of {n - 1} sites)")
-    else:
-        lines.append(f"  pass 2      next site {nxt} ({n - 1 - nxt} of {n - 1} sites done)")
-    lines.append(f"  planned     {_nbytes(info['bytes_planned'] or 0)} on disk")
-    if "result" in info:
-        r = info["result"]
-        lines.append(f"  result      {r['kind'].upper()}, bond dims {_ints(r['bond_dims'])}, "
-                     f"{r['dtype']}, {_nbytes(r['bytes'])}")
-    return lines
-
-
 def info(args: argparse.Namespace) -> int:
-    """Describe a saved train, a stack of trains, or a run store."""
-    path = args.path
-    if not os.path.exists(path):
-        raise CLIError(f"{path}: no such file or directory")
-    fmt = _format(path)
-    if fmt == TRAIN_FORMAT:
-        data = _train_info(path)
-        lines = [f"{path}: src_dask train"] + _train_lines(data)
-    elif fmt == STACK_FORMAT:
-        factors = list(storage.open_stack(path))
-        parts = {name: _train_info(os.path.join(path, name)) for name in factors}
-        data = {"path": path, "what": "stack", "factors": parts}
-        lines = [f"{path}: src_dask stack {'·'.join(factors)} ('src-dask run' takes it as "
-                 f"{len(factors)} factors, in this order)"]
-        generated = (_attrs(path) or {}).get("generated")
-        if generated:
-            data["generated"] = generated
-            lines.append("  generated   " + ", ".join(f"{k}={v}" for k, v in generated.items()))
-        for name, part in parts.items():
-            part.pop("generated", None)
-            lines += [f"  {name}:"] + _train_lines(part, indent="    ")
-    elif fmt == RUN_FORMAT:
-        data = _run_info(path)
-        lines = [f"{path}: src_dask run store"] + _run_lines(data)
-    else:
-        raise CLIError(f"{path}: not a src_dask train, stack or run store")
-    if args.json:
-        _out(json.dumps(data, indent=2))
-    else:
-        for line in lines:
-            _out(line)
+    """Describe a saved train, a stack of trains, or a run store (``storage.describe``)."""
+    if not os.path.exists(args.path):
+        raise CLIError(f"{args.path}: no such file or directory")
+    data = storage.describe(args.path)
+    _out(json.dumps(data, indent=2) if args.json else str(data))
     return 0
 
 

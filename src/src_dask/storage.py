@@ -39,7 +39,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from . import _integrity, _paths
+from . import _info, _integrity, _paths
+from ._info import Info
 from ._layout import RANKS, dimension_names, role
 from .errors import PathRefusedError, StoreError
 from .trains import TensorTrain, _to_numpy, as_train
@@ -486,16 +487,33 @@ def _site(group: Any, path: str, j: int, n: int, kind: str, train_id: str) -> An
 
 
 
-def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """What the train saved at ``path`` holds, as plain data (for ``src-dask info``):
-    kind, sites, bonds, physical legs, dtype, bytes, and how it was made (the
-    ``generated`` / ``made_by`` attributes the command line records)."""
+def describe(path: str | os.PathLike) -> Info:
+    """What ``path`` holds — a saved train, a stack of them or a run store — as plain
+    data whose ``str()`` is the text ``src-dask info`` prints: kind, sites, bonds,
+    physical legs, dtype, bytes and how it was made (``generated``/``made_by``); a
+    stack's factors; a run store's options, progress and result. Anything else is a
+    :class:`~src_dask.errors.StoreError`."""
+    path = os.fspath(path)
+    attrs = _paths.group_attrs(path) if os.path.isdir(path) else None
+    fmt = None if attrs is None else attrs.get("format")
+    if fmt == FORMAT:
+        return _describe_train(path)
+    if fmt == STACK_FORMAT:
+        return _info.stack(path, {name: _describe_train(os.path.join(path, name))
+                                  for name in open_stack(path)}, attrs or {})
+    from . import _runstore
+
+    if fmt == _runstore.FORMAT:
+        return Info(_runstore.describe(path))
+    raise StoreError(f"{path}: not a src_dask train, stack or run store")
+
+
+def _describe_train(path: str) -> Info:
     tt = open(path)
-    info: dict[str, Any] = {"path": os.fspath(path), "what": "train", "kind": tt.kind,
-                            "sites": len(tt), "bond_dims": tt.bond_dims,
-                            "phys_dims": [list(p) for p in tt.phys_dims],
-                            "dtype": tt.dtype.name, "bytes": tt.nbytes}
-    attrs = _paths.group_attrs(os.path.realpath(os.fspath(path))) or {}
+    info = Info(path=path, what="train", kind=tt.kind, sites=len(tt), bond_dims=tt.bond_dims,
+                phys_dims=[list(p) for p in tt.phys_dims], dtype=tt.dtype.name,
+                bytes=tt.nbytes)
+    attrs = _paths.group_attrs(os.path.realpath(path)) or {}
     for key in ("generated", "made_by"):
         if key in attrs:
             info[key] = attrs[key]
