@@ -7,9 +7,11 @@ what is measured is Python and scheduling (graph build, tasks, hops between task
     src_dask.apply(A, psi, chi, seed=0)
 
 on Dask's synchronous and threaded schedulers and with a ``Client`` of an in-process
-one-worker ``LocalCluster`` (2 threads), where every dependent task waits for a round
-trip through the scheduler. Prints the best and all of ``--repeats`` calls per
-scheduler (after one warm-up call) and writes the record
+one-worker ``LocalCluster`` (2 threads): a run this small is one task there
+(``src_dask.one-task-flops``); ``client_graph_1x2`` is the same call as a graph of many
+tasks, where every dependent task waits for a round trip through the scheduler, and
+its breakdown (:func:`breakdown`) says where that time goes. Prints the best and all
+of ``--repeats`` calls per scheduler (after one warm-up call) and writes the record
 (benchmarks/results/overhead_<device>.json; the device is where src_dask runs NumPy
 inputs: the GPU where there is one).
 
@@ -61,14 +63,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
         results["client_inprocess_1x2"] = best_of(call(client), args.repeats)[0]
+        # the same call as a graph of many tasks (what a larger run is), taken apart
+        with dask.config.set({"src_dask.one-task-flops": 0}):
+            results["client_graph_1x2"] = best_of(call(client), args.repeats)[0]
+            record["graph_breakdown"] = breakdown(A, psi, args.chi, client)
     record["results"] = results
     print_table(["scheduler", "best s", "all calls s"],
                 [[name, f"{r['best_s']:.3f}", runs_text(r["times_s"])]
                  for name, r in results.items()],
                 [f"one warm-up call, then {args.repeats}; MPO·MPS L={args.L}, chi={args.chi}"],
                 align="lrl")
+    print("a client call as a graph of many tasks, taken apart (s):",
+          ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in record["graph_breakdown"].items()))
     record.write(out)
     return record
+
+
+def breakdown(A: Any, psi: Any, chi: int, client: Any, threads: int = 2) -> dict[str, Any]:
+    """Where a client call's time goes, from public calls and the task stream:
+    ``plan`` (``src_dask.plan``: the workers asked, the plan and the graph laid out,
+    what ``src`` does before it submits), ``call`` (the whole ``src``), ``to_first``
+    (from the call to the first task's start: plan, graph, submission),
+    ``tasks_span`` (first start to last end), ``compute`` (the tasks' own compute
+    seconds, summed), ``idle`` (thread-seconds of the worker's ``threads`` without a
+    task within the span: waits for the scheduler's round trips between dependent
+    tasks), ``after_last`` (the last task's end to the call's return: the result
+    gathered)."""
+    import time
+
+    from distributed import get_task_stream
+
+    import src_dask
+
+    t0 = time.perf_counter()
+    src_dask.plan(A, psi, chi_out=chi, client=client)
+    planning = time.perf_counter() - t0
+    with get_task_stream(client=client) as stream:
+        wall0, t0 = time.time(), time.perf_counter()
+        src_dask.apply(A, psi, chi, seed=0, client=client)
+        call, wall1 = time.perf_counter() - t0, time.time()
+    spans = [(ss["start"], ss["stop"]) for t in stream.data for ss in t.get("startstops", ())
+             if ss["action"] == "compute"]
+    first, last = min(s for s, _ in spans), max(e for _, e in spans)
+    compute = sum(e - s for s, e in spans)
+    return {"tasks": len(stream.data), "plan": planning, "call": call,
+            "to_first": first - wall0, "tasks_span": last - first, "compute": compute,
+            "idle": max(0.0, threads * (last - first) - compute), "after_last": wall1 - last}
 
 
 if __name__ == "__main__":
