@@ -140,10 +140,14 @@ def test_bench_overhead_quick(tmp_path, capsys):
     out = tmp_path / "overhead.json"
     _, stdout = _main("bench_overhead", "--out", str(out), capsys=capsys)
     record = json.loads(out.read_text())
-    assert set(record["results"]) == {"sync", "threads", "client_inprocess_1x2"}
+    assert set(record["results"]) == {"sync", "threads", "client_inprocess_1x2",
+                                      "client_graph_1x2"}
     for r in record["results"].values():
         assert len(r["times_s"]) == 2 and 0 < r["best_s"] == min(r["times_s"])
     assert "client_inprocess_1x2" in stdout
+    parts = record["graph_breakdown"]
+    assert parts["tasks"] > 10  # the graph of many tasks, not the one-task run
+    assert 0 < parts["to_first"] < parts["call"] and parts["compute"] > 0
 
 
 def test_bench_transfer_best_picks_the_fastest_link(tmp_path, capsys):
