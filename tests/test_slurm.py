@@ -75,7 +75,7 @@ def _wait(job: str, timeout: float) -> tuple[str, float]:
                            text=True).stdout
     state = shown.split("JobState=", 1)[1].split()[0] if "JobState=" in shown else "?"
     took = time.monotonic() - start
-    print(f"Slurm job {job}: JobState={state} after {took:.0f} s")  # shown by make test-slurm
+    print(f"Slurm job {job}: JobState={state} after {took:.0f} s")  # noqa: T201 - make test-slurm shows it
     return state, took
 
 
