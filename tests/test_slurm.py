@@ -79,6 +79,15 @@ def _wait(job: str, timeout: float) -> tuple[str, float]:
     return state, took
 
 
+def _job(tmp_path: Path, inputs: Path, env: dict[str, str], timeout: float
+         ) -> tuple[str, str, float]:
+    """The example submitted on ``inputs`` (its store in ``tmp_path``): the job's final
+    state, its output and how long it took."""
+    job = _submit([str(inputs), str(tmp_path / "run.zarr")], env, tmp_path / "job.out")
+    state, took = _wait(job, timeout)
+    return state, (tmp_path / "job.out").read_text(), took
+
+
 def _inputs(where: Path) -> tuple[Path, list]:
     """An MPO and an MPS of physical dimension 3 saved as the example reads them."""
     trains = [random_mpo(6, 3, phys=3, seed=1), random_mps(6, 5, phys=3, seed=2)]
@@ -93,11 +102,8 @@ def test_the_sbatch_example_runs_on_two_cpu_nodes(slurm, tmp_path):
     scheduler, one ``dask worker`` per node, the driver; the stored result is the
     product an in-process run computes."""
     inputs, trains = _inputs(tmp_path)
-    job = _submit([str(inputs), str(tmp_path / "run.zarr")],
-                  {"THREADS": "1", "DRIVER_ARGS": "--chi-out 12", "START_TIMEOUT": "120"},
-                  tmp_path / "job.out")
-    state, _ = _wait(job, 240)
-    log = (tmp_path / "job.out").read_text()
+    state, log, _ = _job(tmp_path, inputs, {"THREADS": "1", "DRIVER_ARGS": "--chi-out 12",
+                                             "START_TIMEOUT": "120"}, 240)
     assert state == "COMPLETED", log[-3000:]
     assert "2 workers" in log  # one per node
     assert not list(tmp_path.glob("scheduler-*.json"))  # the job's own file, gone with it
@@ -119,11 +125,8 @@ def test_a_scheduler_that_cannot_start_ends_the_job_at_once(slurm, tmp_path):
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        job = _submit([str(inputs), str(tmp_path / "run.zarr")],
-                      {"SCHEDULER_PORT": str(port), "START_TIMEOUT": "200"},
-                      tmp_path / "job.out")
-        state, took = _wait(job, 120)
-    log = (tmp_path / "job.out").read_text()
+        state, log, took = _job(tmp_path, inputs,
+                                {"SCHEDULER_PORT": str(port), "START_TIMEOUT": "200"}, 120)
     assert state == "FAILED", log[-3000:]
     assert "the scheduler exited before it wrote" in log
     assert took < 100  # not START_TIMEOUT (200 s)
@@ -135,10 +138,7 @@ def test_gpu_workers_without_gpus_or_dask_cuda_are_refused_at_once(slurm, tmp_pa
     """WORKER='dask cuda worker' where the job has no GPUs (or dask-cuda is missing):
     the job fails before it starts anything, naming what to change."""
     inputs, _ = _inputs(tmp_path)
-    job = _submit([str(inputs), str(tmp_path / "run.zarr")],
-                  {"WORKER": "dask cuda worker"}, tmp_path / "job.out")
-    state, _ = _wait(job, 120)
-    log = (tmp_path / "job.out").read_text()
+    state, log, _ = _job(tmp_path, inputs, {"WORKER": "dask cuda worker"}, 120)
     assert state == "FAILED", log[-3000:]
     assert "WORKER='dask cuda worker'" in log
     assert "--gpus-per-node" in log
@@ -150,11 +150,8 @@ def test_workers_that_do_not_come_end_the_job_naming_how_many_did(slurm, tmp_pat
     """The driver waits for more workers than the job starts: it gives up after
     START_TIMEOUT, saying how many joined, and the job fails."""
     inputs, _ = _inputs(tmp_path)
-    job = _submit([str(inputs), str(tmp_path / "run.zarr")],
-                  {"THREADS": "1", "WORKERS": "5", "START_TIMEOUT": "20"},
-                  tmp_path / "job.out")
-    state, _ = _wait(job, 180)
-    log = (tmp_path / "job.out").read_text()
+    state, log, _ = _job(tmp_path, inputs,
+                         {"THREADS": "1", "WORKERS": "5", "START_TIMEOUT": "20"}, 180)
     assert state == "FAILED", log[-3000:]
     assert "2 of 5 workers joined within 20 s" in log
 
