@@ -363,7 +363,12 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any) -> TensorTrain
     log.info("src: %.3g FLOPs: the run is one task on one worker",
              sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values()))
     with in_graph(stack):
-        cores, *rest = client.submit(_graph.compute_here, dsk, wanted, pure=False).result()
+        future = client.submit(_graph.compute_here, dsk, wanted, pure=False)
+    try:
+        cores, *rest = future.result()
+    except BaseException:  # a failure or an interrupt: nothing left running
+        future.cancel()
+        raise
     y = TensorTrain(list(cores), stack.kind, name="result")
     y.discarded = rest[0] if rest else None
     return y
