@@ -308,9 +308,10 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          run: RunStore | None = None, resume: Progress | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO)."""
-    if run is None and not progress and performance_report is None \
-            and _fits_one_task(stack, plan, client, facts):
-        return _run_in_one_task(stack, plan, client)
+    if run is None and not progress and performance_report is None:
+        flops = _one_task_flops(stack, plan, client, facts)
+        if flops is not None:
+            return _run_in_one_task(stack, plan, client, flops)
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
@@ -336,32 +337,31 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     return y
 
 
-def _fits_one_task(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers) -> bool:
-    """Whether a run on ``client`` is small enough to run as one task on one worker:
-    at most ``src_dask.one-task-flops`` FLOPs (the round trips of a graph of many
-    dependent tasks would cost more than its arithmetic) and its data and largest task
-    within what a worker's tasks may use together."""
+def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
+                    facts: _plan.Workers) -> float | None:
+    """The FLOPs of a run on ``client`` small enough to run as one task on one worker
+    (None for any other): at most ``src_dask.one-task-flops`` (the round trips of a
+    graph of many dependent tasks would cost more than its arithmetic), its data and
+    largest task within what a worker's tasks may use together."""
     if client is None or plan.task_bytes is None:
-        return False
-    limit = float(config.get("one-task-flops"))
+        return None
     total = sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values())
-    if total > limit:
-        return False
+    if total > float(config.get("one-task-flops")):
+        return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
     need = data + _estimate.pass1_task(stack, plan.sketch) + inputs
-    return need <= plan.task_bytes * max(1, facts.threads)
+    return total if need <= plan.task_bytes * max(1, facts.threads) else None
 
 
-def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any) -> TensorTrain:
+def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
     there by Dask's synchronous scheduler; the inputs travel once, in the task."""
     graph = _graph.build(stack, plan)
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
-    log.info("src: %.3g FLOPs: the run is one task on one worker",
-             sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values()))
+    log.info("src: %.3g FLOPs: the run is one task on one worker", flops)
     with in_graph(stack):
         future = client.submit(_graph.compute_here, dsk, wanted, pure=False)
     try:
