@@ -93,10 +93,7 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> None:
     already there without ``overwrite``."""
     path = _paths.as_path(path)
     target = os.path.realpath(path)
-    if _paths.holds_working_directory(target):
-        raise PathRefusedError(f"{path}: is the current working directory or contains it; "
-                               "src_dask does not replace it (choose another path)")
-    _check_target(path, target, overwrite)
+    _check_target(path, target, overwrite)  # the working directory among what it refuses
     _paths.check_parent(target, path)
 
 
