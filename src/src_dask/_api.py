@@ -231,29 +231,32 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     sketch = _plan.sketch_width(stack, chi_out, extra)
     keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 
-    def sized(task: int | None, host_envs: int = 0) -> _plan.Plan:
+    def sized(task: int | None, host_envs: int = 0, reproject: bool = False) -> _plan.Plan:
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
         return _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
-                          threads=workers.threads, host_envs=host_envs)
+                          threads=workers.threads, host_envs=host_envs, reproject=reproject)
 
     plan = sized(_plan.task_bytes(workers, device))
     if device == "gpu" and workers.device_memory and plan.task_bytes is not None:
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
         ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+        if _reproject(stack, plan, workers, ahead, store):
+            plan = sized(plan.task_bytes, reproject=True)
         # sized as if the device kept all the data it may (up to its limit): the room
         # the environments sent to host memory leave is margin for what the memory
         # model misses (the pool's fragmentation, the libraries' workspaces)
         data = max(_estimate.data_held(stack, plan, workers.count, store))
         if not store:  # environments beyond what the device keeps go to host memory
-            plan = sized(plan.task_bytes, _host_envs(stack, plan, workers, ahead))
+            plan = sized(plan.task_bytes, _host_envs(stack, plan, workers, ahead),
+                         plan.reproject)
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
                                        workers.threads, ahead)
         if task < plan.task_bytes:
             try:
-                smaller = sized(task, plan.host_envs)
+                smaller = sized(task, plan.host_envs, plan.reproject)
                 _plan.check_fits(stack, smaller)  # refused before a store or a graph is made
                 return smaller
             except MemoryError:  # the data leave too little: the tasks keep their share
@@ -263,6 +266,20 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
                          plan.task_bytes / 1e9)
     _plan.check_fits(stack, plan)  # refused before a store or a graph is made
     return plan
+
+
+def _reproject(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int,
+               store: bool) -> bool:
+    """Whether a GPU run projects each ``Z_j`` twice instead of keeping it
+    (``Plan.reproject``): where the device would not keep ``Z_j`` beside the rest of the
+    run's data even with every environment in host memory (or in the store), so
+    dask-cuda would spill it to host memory and read it back at every site. Not for
+    pass 2 split over several GPUs (each holds its share of ``Z``)."""
+    if _plan.Pass2.of_run(plan.device, workers.count).split:
+        return False
+    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    least = dataclasses.replace(plan, host_envs=0 if store else stack.n - 1)
+    return max(_estimate.data_held(stack, least, workers.count, store)) + ahead > keep
 
 
 def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int) -> int:

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from . import _kernels as K
 from . import config
-from ._plan import Pass2, Plan, SweepPlan, Workers, input_groups, sketch_column_bytes, z_rows
+from ._plan import (
+    Pass2,
+    Plan,
+    SweepPlan,
+    Workers,
+    input_groups,
+    reprojects,
+    sketch_column_bytes,
+    z_rows,
+)
 from ._stack import Stack
 
 
@@ -56,6 +65,7 @@ class RunPlan:
     where: str = ""  # the scheduler's address, or Dask's local scheduler
     host_envs: int = 0  # the environments C_1 … C_h a GPU run keeps in host memory
     host_env_bytes: int = 0  # their bytes (per worker)
+    reproject: bool = False  # pass 2 projects Z twice instead of keeping it (Plan.reproject)
 
     @property
     def total_flops(self) -> float:
@@ -79,7 +89,8 @@ class RunPlan:
             f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
             f"run store {b(self.store_bytes)} of disk"
             + (f"; environments of sites 1-{self.host_envs} ({b(self.host_env_bytes)}) in "
-               "host memory, copied back a site ahead" if self.host_envs else ""),
+               "host memory, copied back a site ahead" if self.host_envs else "")
+            + ("; projected cores made twice, not kept" if self.reproject else ""),
             f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
             + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
                + (f", data spilled beyond {b(self.device_limit)}" if self.device_limit else "")
@@ -112,7 +123,7 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * pass1_task(stack,
                                                                                  plan.chunk)
     # a site that is one task runs alone; a site cut in row blocks runs them side by side
-    tasks_at = [pass1] + [_pass2_at_once(sweep, j, workers.threads) * _pass2_task(stack, sweep, j)
+    tasks_at = [pass1] + [_pass2_running(stack, sweep, j, workers.threads)
                           for j in range(stack.n - 1, -1, -1)]
     # inputs read ahead of their use are stored data too (dask-cuda spills them with
     # the rest beyond its device limit); environments the plan puts in host memory (a
@@ -146,11 +157,14 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
         z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
-        flops=flops(stack, plan.sketch, plan.chi_out, plan.round), tasks=tasks,
+        flops=flops(stack, plan.sketch, plan.chi_out, plan.round,
+                    frozenset(j for j, step in enumerate(sweep.steps) if step and step.reproject)),
+        tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
         device_limit=workers.device_limit, device_memory=usable, where=where,
-        host_envs=plan.host_envs, host_env_bytes=int(on_host[0]))
+        host_envs=plan.host_envs, host_env_bytes=int(on_host[0]),
+        reproject=any(step.reproject for step in sweep.steps if step))
 
 
 def usable_device(workers: Workers) -> int | None:
@@ -168,8 +182,9 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     blocks not yet used (with a store, one site's, read back; on a GPU, not those the
     plan puts in host memory, ``Plan.host_envs``, but the copies of the two sites
     fetched back ahead of use), the site's projected core ``Z`` (its share of the
-    rows where pass 2 is split over the workers), and lazy inputs the plan keeps for
-    pass 2 (every GPU worker keeps its own copy)."""
+    rows where pass 2 is split over the workers; where it is projected again instead,
+    ``Plan.reproject``, the environment ``S_j`` it is projected from), and lazy inputs
+    the plan keeps for pass 2 (every GPU worker keeps its own copy)."""
     env = environments(stack, plan, workers)
     h = plan.host_envs
     z_share = 1 / workers if Pass2.of_run(plan.device, workers).split else 1.0
@@ -183,7 +198,8 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
             envs = env[j]
         else:  # those of sites h+1 … j kept, and sites j, j-1 fetched back from the host
             envs = sum(env[h + 1:j + 1]) + sum(env[i] for i in (j, j - 1) if 0 < i <= h)
-        held.append(envs + _z_bytes(stack, plan, j) * z_share + kept)
+        z = _s_bytes(stack, plan, j) if reprojects(stack, plan, j) else _z_bytes(stack, plan, j)
+        held.append(envs + z * z_share + kept)
     return held
 
 
@@ -247,6 +263,35 @@ def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
     return (max(project + block * right, sketch, update)) * stack.dtype.itemsize
 
 
+def _pass2_running(stack: Stack, sweep: SweepPlan, j: int, threads: int) -> int:
+    """Bytes of the pass-2 tasks of site ``j`` a worker runs at once (see
+    :func:`_pass2_task`). Where ``Z_j`` is projected again (``Plan.reproject``) each
+    task projects its row block first: the sketches run side by side, the environment
+    sum, a chain through the blocks, alone."""
+    at_once = _pass2_at_once(sweep, j, threads)
+    step = sweep.steps[j] if j < len(sweep.steps) else None
+    if step is None or not step.reproject:
+        return at_once * _pass2_task(stack, sweep, j)
+    plan = sweep.plan
+    rows = z_rows(stack, plan, j)
+    block = math.ceil(rows / sweep.z_blocks[j])
+    q = z_rows(stack, plan, j - 1)
+    ud = stack.up(j) * stack.down(j)
+    left = math.prod(stack.left_bonds(j))
+    right = math.prod(s[1] for s in stack.shapes(j))
+    project = (K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
+               + block * right)
+    sketch = project + plan.chunk * block * ud
+    update = project + q * rows * ud + 2 * q * left
+    return max(at_once * sketch, update) * stack.dtype.itemsize
+
+
+def _s_bytes(stack: Stack, plan: Plan, j: int) -> int:
+    """Bytes of the environment ``S_j`` that ``Z_j`` is projected from (at most)."""
+    right = math.prod(s[1] for s in stack.shapes(j))
+    return z_rows(stack, plan, j) * right * stack.dtype.itemsize
+
+
 def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
     """Bytes of the projected core ``Z_j`` (at most)."""
     return (z_rows(stack, plan, j) * math.prod(stack.left_bonds(j)) * stack.up(j)
@@ -261,10 +306,12 @@ def inputs_in_flight(stack: Stack, lookahead: int) -> int:
 
 
 # -- FLOPs ------------------------------------------------------------------------------
-def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool) -> dict[str, float]:
+def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool,
+          reprojected: frozenset[int] = frozenset()) -> dict[str, float]:
     """FLOPs of each pass as the kernels execute them (their contraction paths; a
     complex multiply-add is 8 flop, a real one 2; QRs and SVDs counted as
-    ``O(m n^2)`` with the constants of Householder QR and of an SVD)."""
+    ``O(m n^2)`` with the constants of Householder QR and of an SVD); the sites in
+    ``reprojected`` project ``Z`` twice (``Plan.reproject``)."""
     mul = 8 if stack.dtype.kind == "c" else 2
     p1 = p2 = rnd = 0.0
     for j in range(stack.n - 1):  # pass 1: C_j -> C_{j+1} for every column
@@ -274,7 +321,7 @@ def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool) -> dict[str, 
         rows = z_rows(stack, _Width(sketch), j)
         left = math.prod(stack.left_bonds(j))
         ud = stack.up(j) * stack.down(j)
-        p2 += _project_madds(stack, j, rows)
+        p2 += _project_madds(stack, j, rows) * (2 if j in reprojected else 1)
         if j > 0:
             q = z_rows(stack, _Width(sketch), j - 1)
             p2 += sketch * left * rows * ud  # sketch M = C_j Z_j

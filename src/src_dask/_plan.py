@@ -48,6 +48,11 @@ class Plan:
     # pass 1 copies them to host memory as it makes them, pass 2 copies each back a site
     # ahead of its use (see :func:`host_envs`)
     host_envs: int = 0
+    # on a GPU whose data limit cannot hold a site's projected core ``Z_j`` beside the
+    # rest of the run's data: ``Z_j`` is not kept between its sketch and the
+    # environment update, each of those tasks projects its row block itself (see
+    # :func:`reprojects`)
+    reproject: bool = False
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -62,6 +67,7 @@ class SiteStep:
     fused: bool  # the sketch pieces are made inside the QR task (one task per site)
     chain: bool  # Z's row blocks add their share of S where each is (over CPU workers)
     whole: bool  # the next site's Z is projected whole by this step's task
+    reproject: bool = False  # Z not kept: its sketch and its update each project it
 
 
 @dataclass(frozen=True)
@@ -112,13 +118,18 @@ class Pass2:
         return cls.decide(device, workers, input_groups(device, workers), split)
 
     def step(self, z_here: int, z_left: int, fits: bool = True,
-             bounded: bool = False, cut_env: bool = False) -> SiteStep:
+             bounded: bool = False, cut_env: bool = False,
+             reproject: bool = False) -> SiteStep:
         """The step at a site whose ``Z`` has ``z_here`` row blocks, the next site's
         ``z_left`` (not split pass 2). ``fits``: the site's whole step fits one task
         (:func:`one_task`); ``bounded``: memory, not only size, cut ``Z`` in blocks,
         so no task may hold them all (their shares of ``S`` are summed one by one);
         ``cut_env``: no task may hold ``S_{j-1}`` whole either, so it is summed in the
-        next site's row blocks, one running sum each (:func:`env_blocks`)."""
+        next site's row blocks, one running sum each (:func:`env_blocks`);
+        ``reproject``: ``Z`` is not kept (:func:`reprojects`), its shares of ``S`` are
+        summed one by one, each block projected again."""
+        if reproject:
+            return SiteStep(fused=False, chain=True, whole=False, reproject=True)
         chain = (z_here > 1 and (self.spread or bounded)) or cut_env
         return SiteStep(fused=self.together and z_here == 1 and fits, chain=chain,
                         whole=not chain and z_left == 1 and fits)
@@ -161,7 +172,9 @@ class SweepPlan:
         fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
         steps = (None,) + tuple(pass2.step(blocks[j], blocks[j - 1], fits=fits[j],
-                                           bounded=bounded[j], cut_env=cut[j])
+                                           bounded=bounded[j], cut_env=cut[j],
+                                           reproject=not pass2.split
+                                           and reprojects(stack, plan, j))
                                 for j in range(1, stack.n))
         return cls(plan=plan, workers=workers, groups=groups,
                    copy_inputs=copy_inputs(plan.device, workers),
@@ -392,6 +405,9 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
     left_rows = math.ceil((z_rows(stack, plan, site - 1) if site > 0 else 1)
                           / env_blocks(stack, plan, site))
     kinds = row_bytes(stack, site, rows, plan.chunk, left_rows)
+    if reprojects(stack, plan, site):  # the sketch and the update project their rows
+        _, project = kinds.pop("project")
+        kinds = {k: (fixed, per + project) for k, (fixed, per) in kinds.items()}
     fits = {k: (kind_bytes(plan, k) - fixed) // per for k, (fixed, per) in kinds.items()}
     worst = min(fits, key=fits.__getitem__)
     if fits[worst] < 1:
@@ -436,6 +452,18 @@ def env_blocks(stack: Stack, plan: Plan, site: int) -> int:
                         f"({left} + {rows} x {ud} numbers, twice), but a task may use "
                         f"{budget / 2**20:.1f} MiB ({_remedy()})")
     return math.ceil(q / fit)
+
+
+def reprojects(stack: Stack, plan: Plan, site: int) -> bool:
+    """Whether pass 2 projects ``Z_site`` twice instead of keeping it (``Plan.reproject``):
+    once in each row block's sketch, once in its share of ``S_{site-1}``. A projection
+    costs about as much as the sketch and the update together (half of pass 2's FLOPs
+    on the reference stacks), but a ``Z`` that the device cannot keep beside the rest
+    would be spilled to host memory and read back at every site, by dask-cuda on the
+    worker's event loop, during which no task starts. Not at site 0 (``Z_0`` is the
+    output's first core) nor where ``S_{site-1}`` is summed in blocks
+    (:func:`env_blocks`): each block would project every row of ``Z`` again."""
+    return plan.reproject and site > 0 and env_blocks(stack, plan, site) == 1
 
 
 def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:

@@ -25,10 +25,22 @@ from .builder import GraphBuilder, Inputs
 @dataclass(frozen=True)
 class _Z:
     """Where a site's projected core is: the keys of its row blocks, or (``in_state``)
-    ``[the previous step's key]``, whose third item is ``Z`` whole."""
+    ``[the previous step's key]``, whose third item is ``Z`` whole; or, not kept
+    (``again``), ``source``: ``S_j``'s key (or the keys of its row blocks; None: ``S = 1``)
+    that the tasks using a row block project it from (``Plan.reproject``), in
+    ``blocks`` row blocks."""
 
     keys: list[Any]
     in_state: bool = False
+    again: bool = False
+    source: Any = None
+    blocks: int = 0
+
+    def rows_of(self, b: int) -> tuple[Any, tuple[int, int] | None]:
+        """The ``S_j`` that row block ``b`` is projected from, and its rows there."""
+        if isinstance(self.source, list):
+            return self.source[b], None
+        return self.source, (b, self.blocks)
 
 
 class _Pass2:
@@ -81,6 +93,9 @@ class _Pass2:
         """``Z_j`` from ``S_j`` (``env``: a key, or a list of the keys of its row blocks,
         one per row block of ``Z_j``), in the plan's row blocks."""
         g, m = self.g, self.sweep.z_blocks[j]
+        step = self.sweep.steps[j] if j > 0 else None
+        if step is not None and step.reproject:  # made where it is used
+            return _Z([], again=True, source=env, blocks=m)
         cut = isinstance(env, list)
         zs = [g.add((g.name("pass2", j), "project", b), tasks.project, self.cores[j],
                     env[b] if cut else env, rows=None if cut else (b, m), site=j,
@@ -128,6 +143,11 @@ class _Pass2:
         arithmetic; on one GPU, or all of pass 2 on the first of several, the blocks
         of ``C_j`` and ``Z_j`` are in one place)."""
         g, blocks = self.g, self.plan.blocks
+        if z.again:  # each row block projected, then sketched, in one task
+            return [self.place(g.add((g.name("pass2", j), "sketch", b), tasks.project_sketch,
+                                     self.cores[j], *z.rows_of(b), block_envs, blocks=blocks,
+                                     site=j, run=g.token, store=self.store), b)
+                    for b in range(z.blocks)]
         if not self.sweep.pass2.pieces_at_env:
             return [self.place(g.add((g.name("pass2", j), "sketch", b), tasks.sketch_rows,
                                      block_envs, key, blocks=blocks, site=j, run=g.token,
@@ -155,7 +175,7 @@ class _Pass2:
                           z_in_state=z.in_state, blocks=self.plan.blocks, store=store,
                           **options)
         else:
-            by_rows = not self.sweep.pass2.pieces_at_env
+            by_rows = not self.sweep.pass2.pieces_at_env or z.again
             state = g.add(key, tasks.pass2_step, self.pieces(j, z, block_envs),
                           None if step.chain else z.keys, left, by_rows=by_rows, **options)
         if self.sweep.pass2.home:
@@ -168,16 +188,22 @@ class _Pass2:
         sum per row block of ``Z_{j-1}`` (``SweepPlan.cut_env``), whose keys are
         returned as a list: no task holds ``S_{j-1}`` whole (but the checkpoint of a
         run store, which saves it whole)."""
-        g, m = self.g, len(z.keys)
+        g, m = self.g, z.blocks or len(z.keys)
         outs: list[Any] = list(range(self.sweep.z_blocks[j - 1])) if cut else [None]
         envs = []
         for o in outs:
             env = None
-            for b, key in enumerate(z.keys):
+            for b in range(m):
                 name = (g.name("pass2", j), "update", b) + (() if o is None else (o,))
-                env = self.place(g.add(
-                    name, tasks.partial_update, self.out[j], key, env, rows=(b, m),
-                    out=None if o is None else (o, len(outs)), site=j, run=g.token), b)
+                out = None if o is None else (o, len(outs))
+                if z.again:  # the row block projected again, here
+                    key = g.add(name, tasks.project_update, self.out[j], self.cores[j],
+                                *z.rows_of(b), env, rows=(b, m), out=out, site=j,
+                                run=g.token)
+                else:
+                    key = g.add(name, tasks.partial_update, self.out[j], z.keys[b], env,
+                                rows=(b, m), out=out, site=j, run=g.token)
+                env = self.place(key, b)
             envs.append(env)
         if self.store is None:
             return envs if cut else envs[0]

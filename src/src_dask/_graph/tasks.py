@@ -213,6 +213,25 @@ def sketch_rows(block_envs: list[Any], z: Any, *, blocks: list[tuple[int, int]],
             for env, (start, stop) in zip(block_envs, blocks, strict=True)]
 
 
+def project_sketch(cores: list[Any], env: Any | None, rows: tuple[int, int] | None,
+                   block_envs: list[Any], *, blocks: list[tuple[int, int]], site: int,
+                   run: str, store: RunStore | None) -> list[Any]:
+    """A row block of ``Z_j`` projected (:func:`project`: ``rows`` of ``S_j``, or all of
+    ``env``) and sketched against every column block of ``C_j``; the block is not kept
+    (``Plan.reproject``)."""
+    z = project(cores, env, rows=rows, site=site, run=run)
+    return sketch_rows(block_envs, z, blocks=blocks, site=site, run=run, store=store)
+
+
+def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int, int] | None,
+                   env: Any | None, *, rows: tuple[int, int],
+                   out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
+    """:func:`partial_update` with row block ``rows`` of ``Z_j`` projected again
+    (from ``s_rows`` of ``S_j``, or all of ``s``) instead of kept (``Plan.reproject``)."""
+    z = project(cores, s, rows=s_rows, site=site, run=run)
+    return partial_update(eta, z, env, rows=rows, out=out, site=site, run=run)
+
+
 def split_qr(sketches: list[list[Any]], *, site: int, run: str, **options: Any) -> Any:
     """``(η_j, None, None)`` from the sketches of ``Z_j``'s row blocks (one list of
     column-block pieces per row block, as :func:`sketch_rows` makes them)."""
