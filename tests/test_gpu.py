@@ -632,8 +632,10 @@ def test_split_pass_2_on_gpu_workers_gives_the_cpu_cores_for_odd_stacks(tmp_path
 def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, threads):
     """The src-method stack at D_M=256 (environments ~0.74 GB) on one worker whose RMM
     pool starts at 256 MB and may grow to 640 MB, as a smaller GPU would: the plan
-    keeps its peak within the pool, the data spill to host memory, every step that
-    still runs out is computed in pieces, and the cores are the uncapped run's."""
+    keeps its peak within the pool, sends environments to host memory and projects
+    each ``Z`` twice rather than keep it (``Plan.reproject``: ``Z`` is 1 GB), every
+    step that still runs out is computed in pieces, and the cores are the uncapped
+    run's."""
     pytest.importorskip("rmm", reason="RMM's pools need rmm (the gpu extra's UCX stack)")
     from dask_cuda import LocalCUDACluster
     from distributed import Client
@@ -648,6 +650,7 @@ def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, thre
             Client(cluster) as client:
         plan = src_dask.plan(*trains, chi_out=256, seed=1, client=client)
         assert plan.peak_device <= plan.device_memory <= 640e6, plan
+        assert plan.reproject and plan.host_envs, plan
         y = src_dask.src(*trains, chi_out=256, seed=1, client=client)
     assert plan.env_bytes > 640e6
     _same(y, ref, tol=1e-10, dense=False)
