@@ -741,3 +741,44 @@ def test_environments_in_host_memory_and_sketches_by_row_block_give_the_same_cor
     blocks = len(plan.blocks)
     assert len(copies["out"]) == len(copies["back"]) == 4 * blocks
     assert sorted(copies["out"]) == sorted(copies["back"])
+
+
+@pytest.mark.parametrize("gpu_layout", [False, True])
+@pytest.mark.parametrize("task_bytes", [20_000, 10_000])  # S summed whole, or in blocks
+def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout, task_bytes):
+    """``Plan.reproject`` (a device that cannot keep ``Z``): no task keeps a row block of
+    ``Z``; each block's sketch projects it, and each sum of ``S_{j-1}`` projects it
+    again (once per block of ``S_{j-1}`` where that is cut). The cores equal those of
+    the run that keeps ``Z``, with the CPU's layout and with a GPU's (one sketch task
+    per row block against all of ``C_j``)."""
+    trains = (random_mpo(7, 3, phys=3, seed=1), random_mps(7, 6, phys=3, seed=2))
+    stack = make_stack(trains)
+    plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=_random.seed_key(3),
+                      round=False, task_bytes=task_bytes, threads=1)
+    ref = _graph.build(stack, plan).compute(scheduler="sync")
+    if gpu_layout:
+        monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
+            lambda cls, device, workers: cls(home=False, together=True, spread=False,
+                                             pieces_at_env=False)))
+    again = dataclasses.replace(plan, reproject=True)
+    sweep = _plan.SweepPlan.decide(stack, again, None)
+    assert any(sweep.cut_env) is (task_bytes == 10_000)
+    graph = _graph.build(stack, again)
+    projected = [k for k in dict(graph.dask)
+                 if isinstance(k, tuple) and k[1:2] == ("project",)]
+    assert {key_split(k[0]) for k in projected} == {"pass2_site0"}  # Z_0: the first core
+    calls: dict[int, int] = {}
+    original = _graph.tasks.project
+
+    def counted(cores, env, *, site, **kwargs):
+        calls[site] = calls.get(site, 0) + 1
+        return original(cores, env, site=site, **kwargs)
+
+    monkeypatch.setattr(_graph.tasks, "project", counted)
+    y = graph.compute(scheduler="sync")
+    for c, c0 in zip(y, ref, strict=True):
+        assert c.shape == c0.shape
+        assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
+    for j in range(1, stack.n):
+        sums = sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+        assert calls[j] == sweep.z_blocks[j] * (1 + sums), (j, calls)

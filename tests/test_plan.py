@@ -291,6 +291,54 @@ def test_the_stack_of_record_on_one_h200_keeps_its_blocks_at_a_device_limit_of_0
     assert at_08.chunk < at_07.chunk and at_08.task_bytes < at_07.task_bytes
 
 
+@pytest.mark.parametrize("dm", [1000, 2000])
+@pytest.mark.parametrize("pool_gb", [12, 24, 48, 80])
+def test_a_projected_core_the_device_cannot_keep_is_projected_twice(dm, pool_gb):
+    """The reference stacks (lazy; nothing drawn) on one H200 whose RMM pool may grow to
+    ``pool_gb`` (dask-cuda's limit at 2/3 of it): where ``Z_j`` (8 GB at D_M=1000, 33 GB
+    at D_M=2000) would not fit the limit beside the rest even with every environment in
+    host memory, the plan projects it twice (``Plan.reproject``) — no ``Z`` among the
+    data, a second projection in the FLOPs, every site but 0 a chain of re-projecting
+    sums — and the planned device peak stays within the pool less its headroom."""
+    from src_dask import _api, _estimate
+
+    stack = make_stack(tuple(problems.stack(50, dm).values()))
+    device, keep = pool_gb * 10**9, pool_gb * 10**9 * 2 // 3
+    facts = _facts(device, 4, keep)
+    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", workers=facts,
+                            slots=1)
+    ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
+    kept = dataclasses.replace(plan, reproject=False, host_envs=stack.n - 1)
+    z_fits = max(_estimate.data_held(stack, kept, 1, False)) + ahead <= keep
+    assert plan.reproject is not z_fits
+    sweep = _plan.SweepPlan.decide(stack, plan, None)
+    est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
+                             product="")
+    assert est.peak_device <= est.device_memory, est
+    assert ("projected cores made twice" in str(est)) is plan.reproject
+    if not plan.reproject:
+        return
+    assert [s.reproject for s in sweep.steps[1:]] == [True] * (stack.n - 1)
+    assert all(s.chain and not s.fused and not s.whole for s in sweep.steps[1:])
+    assert max(_estimate.data_held(stack, plan, 1, False)) < max(
+        _estimate.data_held(stack, dataclasses.replace(plan, reproject=False), 1, False))
+    # projected again for each sum of S_{j-1}: once, or once per block where it is cut
+    once = _estimate.flops(stack, plan.sketch, plan.chi_out, False)
+    again = sum(_estimate._project_madds(stack, j, _plan.z_rows(stack, plan, j)) * 8
+                * (sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1)
+                for j in range(1, stack.n))
+    assert est.flops["pass 2"] == pytest.approx(once["pass 2"] + again)
+    # each row block's sketch and environment sum fit a task with their projection
+    for j in (1, stack.n // 2, stack.n - 2):
+        rows = -(-_plan.z_rows(stack, plan, j) // sweep.z_blocks[j])
+        left_rows = -(-_plan.z_rows(stack, plan, j - 1) // _plan.env_blocks(stack, plan, j))
+        kinds = _plan.row_bytes(stack, j, _plan.z_rows(stack, plan, j), plan.chunk, left_rows)
+        project = kinds["project"][1]
+        for kind in ("sketch", "update"):
+            fixed, per = kinds[kind]
+            assert fixed + rows * (per + project) <= _plan.kind_bytes(plan, kind), (j, kind)
+
+
 def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
     stack = _deep(2, n=10, bond=8)
     plan = _gpu_plan(stack, 32, int(0.7 * 140 * GIB))

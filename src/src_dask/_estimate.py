@@ -157,14 +157,20 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
         z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
-        flops=flops(stack, plan.sketch, plan.chi_out, plan.round,
-                    frozenset(j for j, step in enumerate(sweep.steps) if step and step.reproject)),
+        flops=flops(stack, plan.sketch, plan.chi_out, plan.round, _projected_again(sweep)),
         tasks=tasks,
         peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
         device_limit=workers.device_limit, device_memory=usable, where=where,
         host_envs=plan.host_envs, host_env_bytes=int(on_host[0]),
         reproject=any(step.reproject for step in sweep.steps if step))
+
+
+def _projected_again(sweep: SweepPlan) -> dict[int, int]:
+    """``{site: times Z is projected again}``: once for its environment sum where ``Z``
+    is not kept (``Plan.reproject``), once per block where that sum is cut."""
+    return {j: sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+            for j, step in enumerate(sweep.steps) if step is not None and step.reproject}
 
 
 def usable_device(workers: Workers) -> int | None:
@@ -307,11 +313,12 @@ def inputs_in_flight(stack: Stack, lookahead: int) -> int:
 
 # -- FLOPs ------------------------------------------------------------------------------
 def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool,
-          reprojected: frozenset[int] = frozenset()) -> dict[str, float]:
+          again: dict[int, int] | None = None) -> dict[str, float]:
     """FLOPs of each pass as the kernels execute them (their contraction paths; a
     complex multiply-add is 8 flop, a real one 2; QRs and SVDs counted as
-    ``O(m n^2)`` with the constants of Householder QR and of an SVD); the sites in
-    ``reprojected`` project ``Z`` twice (``Plan.reproject``)."""
+    ``O(m n^2)`` with the constants of Householder QR and of an SVD); ``again``:
+    ``{site: times Z is projected again}`` (``Plan.reproject``)."""
+    again = again or {}
     mul = 8 if stack.dtype.kind == "c" else 2
     p1 = p2 = rnd = 0.0
     for j in range(stack.n - 1):  # pass 1: C_j -> C_{j+1} for every column
@@ -321,7 +328,7 @@ def flops(stack: Stack, sketch: int, chi_out: int, rounding: bool,
         rows = z_rows(stack, _Width(sketch), j)
         left = math.prod(stack.left_bonds(j))
         ud = stack.up(j) * stack.down(j)
-        p2 += _project_madds(stack, j, rows) * (2 if j in reprojected else 1)
+        p2 += _project_madds(stack, j, rows) * (1 + again.get(j, 0))
         if j > 0:
             q = z_rows(stack, _Width(sketch), j - 1)
             p2 += sketch * left * rows * ud  # sketch M = C_j Z_j

@@ -460,10 +460,10 @@ def reprojects(stack: Stack, plan: Plan, site: int) -> bool:
     costs about as much as the sketch and the update together (half of pass 2's FLOPs
     on the reference stacks), but a ``Z`` that the device cannot keep beside the rest
     would be spilled to host memory and read back at every site, by dask-cuda on the
-    worker's event loop, during which no task starts. Not at site 0 (``Z_0`` is the
-    output's first core) nor where ``S_{site-1}`` is summed in blocks
-    (:func:`env_blocks`): each block would project every row of ``Z`` again."""
-    return plan.reproject and site > 0 and env_blocks(stack, plan, site) == 1
+    worker's event loop, during which no task starts. Where ``S_{site-1}`` is summed in
+    blocks (:func:`env_blocks`) each block's sum projects the rows again. Not at site 0
+    (``Z_0`` is the output's first core)."""
+    return plan.reproject and site > 0
 
 
 def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
