@@ -339,6 +339,31 @@ def test_a_projected_core_the_device_cannot_keep_is_projected_twice(dm, pool_gb)
             assert fixed + rows * (per + project) <= _plan.kind_bytes(plan, kind), (j, kind)
 
 
+@pytest.mark.parametrize("host_gb", [7, 8, 16, 128])
+def test_a_gpu_worker_with_little_host_memory_reads_fewer_sites_ahead(host_gb):
+    """D_M=1000 (lazy inputs, 256 MB a site) on a 24 GB pool whose worker's host memory
+    is limited: the inputs read ahead land in pinned host memory beside all Dask keeps
+    before it spills, so the plan reads fewer sites ahead where the default (8) would
+    not fit, and its host peak stays within the limit; with room, the default."""
+    from src_dask import _api, _estimate
+
+    stack = make_stack(tuple(problems.stack(50, 1000).values()))
+    host = host_gb * 10**9
+    facts = _plan.Workers(count=1, threads=4, rss=1_400_000_000, host_limit=host,
+                          keep=int(0.6 * host), device_limit=16 * 10**9,
+                          device_memory=24 * 10**9, memory=24 * 10**9)
+    plan = _api.decide_plan(stack, 500, 0, 0.0, None, device="gpu", workers=facts, slots=1)
+    sweep = _plan.SweepPlan.decide(stack, plan, None)
+    est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
+                             product="")
+    default = _plan.lookahead(stack, dataclasses.replace(plan, read_ahead=None))
+    if host_gb >= 16:
+        assert plan.read_ahead is None and sweep.lookahead == default == 8
+    else:
+        assert 1 <= sweep.lookahead == plan.read_ahead < default
+    assert est.peak_host <= host, est
+
+
 def test_a_small_problem_keeps_the_memory_fraction_share_on_the_gpu():
     stack = _deep(2, n=10, bond=8)
     plan = _gpu_plan(stack, 32, int(0.7 * 140 * GIB))

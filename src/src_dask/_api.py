@@ -233,10 +233,11 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
 
     def sized(task: int | None, host_envs: int = 0, reproject: bool = False) -> _plan.Plan:
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
-        return _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
+        plan = _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
                           threads=workers.threads, host_envs=host_envs, reproject=reproject)
+        return dataclasses.replace(plan, read_ahead=_plan.read_ahead(stack, plan, workers))
 
     plan = sized(_plan.task_bytes(workers, device))
     if device == "gpu" and workers.device_memory and plan.task_bytes is not None:

@@ -53,6 +53,8 @@ class Plan:
     # environment update, each of those tasks projects its row block itself (see
     # :func:`reprojects`)
     reproject: bool = False
+    # sites ahead of their use that inputs are read (None: :func:`lookahead` decides)
+    read_ahead: int | None = None
 
     @property
     def blocks(self) -> list[tuple[int, int]]:
@@ -591,11 +593,29 @@ def row_owner(block: int, blocks: int, workers: int) -> int:
 
 
 def lookahead(stack: Stack, plan: Plan) -> int:
-    """How many sites ahead of their use inputs are read: enough that reads overlap
-    each other and the contractions, within ``2 * plan.z_block_bytes`` of inputs
-    in flight (2 to 8 sites)."""
+    """How many sites ahead of their use inputs are read: ``plan.read_ahead`` where the
+    plan bounds it (:func:`read_ahead`), else enough that reads overlap each other and
+    the contractions, within ``2 * plan.z_block_bytes`` of inputs in flight (2 to 8
+    sites)."""
+    if plan.read_ahead is not None:
+        return plan.read_ahead
     site_bytes = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n))
     return max(2, min(8, 2 * plan.z_block_bytes // max(1, site_bytes * stack.dtype.itemsize)))
+
+
+def read_ahead(stack: Stack, plan: Plan, workers: Workers) -> int | None:
+    """Sites a GPU worker with limited host memory reads lazy inputs ahead of their use
+    (None: :func:`lookahead`'s default): the reads land in pinned host memory, which
+    CuPy's pool keeps (twice the reads in flight), beside all the data Dask keeps
+    before it spills and the process itself: no more than fit its limit, at least one
+    site (the next)."""
+    if plan.device != "gpu" or not workers.host_limit or not stack.input_bytes(lazy=True):
+        return None
+    site = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n))
+    room = workers.host_limit - workers.rss - (workers.keep or 0)
+    fits = room // (2 * site * stack.dtype.itemsize) - 1
+    default = lookahead(stack, plan)
+    return None if fits >= default else max(1, fits)
 
 
 def z_blocks(stack: Stack, plan: Plan, site: int) -> int:
