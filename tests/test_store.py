@@ -479,3 +479,51 @@ def test_open_stack_refuses_what_is_not_a_stack_or_reaches_outside_it(tmp_path):
     group.attrs["factors"] = ["../x"]
     with pytest.raises(StoreError, match="outside the stack folder"):
         src_dask.open_stack(tmp_path / "s")
+
+
+def test_open_trains_expands_stacks_and_refuses_what_holds_no_train(tmp_path):
+    """``storage.open_trains``: saved trains and stacks in order, a stack giving its
+    factors; a missing path, a run store or a folder of other things named in the error
+    before anything is read."""
+    from src_dask import storage
+
+    a, x = random_mpo(4, 2, seed=1), random_mps(4, 3, seed=2)
+    src_dask.save_stack({"A": a}, tmp_path / "stack")
+    src_dask.save(x, tmp_path / "x")
+    trains = storage.open_trains(tmp_path / "stack", str(tmp_path / "x"))
+    assert [t.kind for t in trains] == ["mpo", "mps"]
+    assert np.allclose(trains[0].to_dense(), a.to_dense())
+    assert np.allclose(trains[1].to_dense(), x.to_dense())
+    with pytest.raises(FileNotFoundError, match="gone: no such file"):
+        storage.open_trains(tmp_path / "x", tmp_path / "gone")
+    src_dask.src(a, x, chi_out=4, seed=0, store=tmp_path / "run")
+    with pytest.raises(StoreError, match="run: is a run store, not a train"):
+        storage.open_trains(tmp_path / "run")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(StoreError, match="other: not a src_dask train"):
+        storage.open_trains(tmp_path / "other")
+
+
+def test_check_writable_refuses_a_path_over_what_is_read_or_too_large(tmp_path, monkeypatch):
+    """``storage.check_writable(apart_from=, nbytes=)``: a result must not go inside,
+    onto or around a train being read or a named directory, and must fit its disk."""
+    from src_dask import _paths, storage
+    from src_dask.errors import PathRefusedError
+
+    src_dask.save(random_mps(4, 3, seed=2), tmp_path / "x")
+    x = src_dask.open(tmp_path / "x")
+    for path, how in ((tmp_path / "x" / "out", "is inside"), (tmp_path / "x", "is")):
+        with pytest.raises(PathRefusedError, match=f"{how} the directory of input x"):
+            storage.check_writable(path, overwrite=True, apart_from={"input x": x})
+    src_dask.save_stack({"A": random_mpo(4, 2, seed=1)}, tmp_path / "s")
+    a = storage.open_stack(tmp_path / "s")["A"]
+    with pytest.raises(PathRefusedError, match="contains the directory of factor A"):
+        storage.check_writable(tmp_path / "s", overwrite=True, apart_from={"factor A": a})
+    with pytest.raises(PathRefusedError, match="directory of --store"):
+        storage.check_writable(tmp_path / "run" / "y", apart_from={"--store": tmp_path / "run"})
+    storage.check_writable(tmp_path / "y", apart_from={"input x": x, "--store": tmp_path / "r"},
+                           nbytes=1)
+    usage = _paths.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(_paths.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(OSError, match=r"y: the train needs 1000000 bytes but only 1000"):
+        storage.check_writable(tmp_path / "y", nbytes=10**6)

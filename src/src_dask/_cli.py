@@ -23,16 +23,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from dask.utils import format_bytes
 
-from . import _info, _paths, _runstore, problems, storage
+from . import problems, storage
 from ._signals import forget, local_client
-from .errors import OverwriteNeededError
+from .errors import OverwriteNeededError, StoreError
 from .trains import SUPPORTED_DTYPES
 
 PROG = "src-dask"
 DTYPES = tuple(t.name for t in SUPPORTED_DTYPES)
-#: Formats of the Zarr groups this package writes (group attribute ``format``).
-TRAIN_FORMAT, STACK_FORMAT, RUN_FORMAT = storage.FORMAT, storage.STACK_FORMAT, _runstore.FORMAT
 
 
 class CLIError(Exception):
@@ -55,8 +54,6 @@ def _err(line: str) -> None:
     sys.stderr.write(f"{PROG}: {line}\n")
     sys.stderr.flush()
 
-
-_nbytes = _info.nbytes
 
 
 def _positive_int(text: str) -> int:
@@ -115,23 +112,13 @@ def _one_line(err: BaseException) -> str:
 
 
 # -- what is at a path ---------------------------------------------------------------
-def _attrs(path: str) -> dict | None:
-    """The attributes of the Zarr group at ``path``; None where there is none."""
-    return _paths.group_attrs(path)
-
-
-def _format(path: str) -> str | None:
-    """``"src_dask.train"``, ``"src_dask.stack"``, ``"src_dask.run"`` or None."""
-    attrs = _attrs(path) if os.path.isdir(path) else None
-    return None if attrs is None else attrs.get("format")
-
-
-def _check_out(path: str, overwrite: bool) -> None:
+def _check_out(path: str, overwrite: bool, **checks: Any) -> None:
     """Refuse, before any work, an output path that ``storage.save`` would not write:
-    something there without ``--overwrite``, or anything src_dask did not write."""
+    something there without ``--overwrite``, or anything src_dask did not write
+    (``checks``: what else ``storage.check_writable`` checks)."""
     if os.path.lexists(path) and not overwrite:
         raise CLIError(f"{path}: already exists; pass --overwrite to replace it")
-    storage.check_writable(path, overwrite=True)
+    storage.check_writable(path, overwrite=True, **checks)
 
 
 # -- local clusters ------------------------------------------------------------------
@@ -249,8 +236,7 @@ def generate(args: argparse.Namespace) -> int:
     if spec.get("sites", 2) < 2:
         args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
     path = os.path.abspath(args.path)
-    _check_out(path, args.overwrite)
-    _paths.check_space(path, problems.spec_bytes(spec), "the problem")  # before drawing
+    _check_out(path, args.overwrite, nbytes=problems.spec_bytes(spec))  # before drawing
     trains = problems.build(spec)
     need = sum(t.nbytes for t in trains.values())
     t0 = time.perf_counter()
@@ -262,31 +248,20 @@ def generate(args: argparse.Namespace) -> int:
     what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
     first = next(iter(trains.values()))
     _out(f"wrote {what} to {args.path}: {len(first)} sites, {spec['dtype']}, "
-         f"{_nbytes(need)} in {seconds:.1f} s")
+         f"{format_bytes(need)} in {seconds:.1f} s")
     return 0
 
 
 # -- run ------------------------------------------------------------------------------------
 def _open_inputs(paths: Sequence[str]) -> list[Any]:
-    """The saved trains at ``paths``, leftmost factor first; a stack expands to its factors."""
-    import src_dask
-
-    trains = []
-    for path in paths:
-        if not os.path.exists(path):
-            raise CLIError(f"{path}: no such file or directory")
-        fmt = _format(path)
-        if fmt == STACK_FORMAT:
-            trains += list(storage.open_stack(path).values())
-        elif fmt == TRAIN_FORMAT:
-            trains.append(src_dask.open(path))
-        elif fmt == RUN_FORMAT:
-            raise CLIError(f"{path}: is a run store, not a train (its result is written to "
-                           "the --out of the run)")
-        else:
-            raise CLIError(f"{path}: not a src_dask train (write one with src_dask.save or "
-                           f"'{PROG} generate')")
-    return trains
+    """The saved trains at ``paths`` (``storage.open_trains``: a stack expands to its
+    factors), lazily: nothing is read yet."""
+    try:
+        return storage.open_trains(*paths)
+    except StoreError as err:
+        if "not a src_dask train" in str(err):
+            raise CLIError(f"{err} or '{PROG} generate'") from None
+        raise
 
 
 @contextlib.contextmanager
@@ -364,18 +339,12 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol is not None and args.gpus is None:
         args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
     out = os.path.realpath(args.out)
-    trains = _open_inputs(args.trains)  # lazily: nothing is read yet
-    for train in trains:  # --out must not write over (or around) an input
-        _paths.check_apart(out, _paths.train_dirs(train, f"input {train.name}"),
-                           f"--out {args.out}")
-    _check_out(out, args.overwrite)  # before any work
+    trains = _open_inputs(args.trains)
+    # --out must not write over (or around) an input or the run store
+    apart = {f"input {t.name}": t for t in trains}
     if args.store is not None:
-        _paths.check_apart(out, {"--store": os.path.realpath(args.store)}, f"--out {args.out}")
-    if args.store is not None and args.overwrite_store:
-        store = os.path.abspath(args.store)
-        if os.path.isdir(store) and os.listdir(store) and _format(store) != RUN_FORMAT:
-            raise CLIError(f"{args.store}: exists and is not a src_dask run store; not "
-                           "replacing it (remove it yourself)")
+        apart["--store"] = args.store
+    _check_out(out, args.overwrite, apart_from=apart)  # before any work
     if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
         args.parser.error("--report: Dask's performance report needs a cluster; add "
                           "--workers N, --gpus N or --scheduler-file FILE")
@@ -397,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         storage.save(result, out, overwrite=args.overwrite, attrs={"made_by": made_by})
     seconds = time.perf_counter() - t0
     _out(f"wrote {result.kind} to {args.out}: {len(result)} sites, max bond "
-         f"{max(result.bond_dims)}, {result.dtype}, {_nbytes(result.nbytes)} in "
+         f"{max(result.bond_dims)}, {result.dtype}, {format_bytes(result.nbytes)} in "
          f"{seconds:.2f} s (seed {options['seed']})")
     return 0
 

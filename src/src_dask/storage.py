@@ -85,16 +85,53 @@ def _is_train(path: str) -> bool:
     return attrs is not None and attrs.get("format") in (FORMAT, STACK_FORMAT)
 
 
-def check_writable(path: str | os.PathLike, overwrite: bool = False) -> None:
+def check_writable(path: str | os.PathLike, overwrite: bool = False, *,
+                   apart_from: Mapping[str, Any] | None = None,
+                   nbytes: int | None = None) -> None:
     """Raise before any work if :func:`save` or :func:`save_stack` could not write
     ``path``: :class:`~src_dask.errors.PathRefusedError` for what src_dask does not
     replace (a file, a directory of other things, the working directory or one of
-    its parents, a parent that is a file), ``FileExistsError`` for a train or stack
-    already there without ``overwrite``."""
+    its parents, a parent that is a file), or for a path that is, is inside or
+    contains what ``apart_from`` names (label: a train whose stores are read, or a
+    directory) — a result written there would destroy data still being read;
+    ``FileExistsError`` for a train or stack already there without ``overwrite``;
+    an ``OSError`` where ``nbytes`` would not fit its file system."""
     path = _paths.as_path(path)
     target = os.path.realpath(path)
     _check_target(path, target, overwrite)  # the working directory among what it refuses
     _paths.check_parent(target, path)
+    for label, what in (apart_from or {}).items():
+        dirs = ({label: os.path.realpath(os.fspath(what))}
+                if isinstance(what, (str, os.PathLike)) else _paths.train_dirs(what, label))
+        _paths.check_apart(target, dirs, path)
+    if nbytes is not None:
+        _paths.check_space(target, nbytes, "the train")
+
+
+def open_trains(*paths: str | os.PathLike) -> list[TensorTrain]:
+    """The trains saved at ``paths`` (:func:`save`), leftmost factor first, a stack
+    (:func:`save_stack`) expanding to its factors; each opened as :func:`open` does
+    (lazily). A path that holds no train is a ``FileNotFoundError`` or a
+    :class:`~src_dask.errors.StoreError` naming it, before anything is read."""
+    from . import _runstore
+
+    trains: list[TensorTrain] = []
+    for given in paths:
+        path = _paths.as_path(given)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file or directory")
+        attrs = _paths.group_attrs(path) if os.path.isdir(path) else None
+        fmt = None if attrs is None else attrs.get("format")
+        if fmt == STACK_FORMAT:
+            trains += open_stack(path).values()
+        elif fmt == FORMAT:
+            trains.append(open(path))
+        elif fmt == _runstore.FORMAT:
+            raise StoreError(f"{path}: is a run store, not a train (a run's result is "
+                             "what src returns; save it with src_dask.save)")
+        else:
+            raise StoreError(f"{path}: not a src_dask train (write one with src_dask.save)")
+    return trains
 
 
 def _check_target(path: str, target: str, overwrite: bool) -> str:
