@@ -275,6 +275,11 @@ def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys,
     assert started[0]["n_workers"] == 1 and started[0]["threads_per_worker"] == 1
     np.testing.assert_allclose(src_dask.open(tmp_path / "cluster").to_dense(),
                                src_dask.open(tmp_path / "local").to_dense(), atol=1e-12)
+    # --threads and --host reach the cluster
+    assert main([*common, "--workers", "1", "--threads", "2", "--host", "localhost",
+                 "--out", str(tmp_path / "threads")]) == 0
+    assert started[1]["threads_per_worker"] == 2 and started[1]["host"] == "localhost"
+    assert started[1]["dashboard_address"] == "localhost:0"
 
 
 def test_run_through_a_scheduler_file(problem, tmp_path, cluster_client, capsys):

@@ -59,14 +59,29 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, restore_logging, capsys
     assert ns.y.kind == "mps" and max(ns.y.bond_dims) <= 16
 
 
-def test_demo_command(capsys):
+def test_demo_command(capsys, monkeypatch):
+    """The demo's errors are those of the same SRC calls made here (plain, then
+    oversampled: smaller), and --wait holds the cluster until Enter."""
+    import src_dask
+    from src_dask import problems
     from src_dask._cli import main
 
-    assert main(["demo", "--sites", "8", "--bond", "8", "--chi-out", "8", "--workers", "1"]) == 0
+    waited = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": waited.append(prompt) or "")
+    assert main(["demo", "--sites", "8", "--bond", "8", "--mpo-bond", "3", "--chi-out", "6",
+                 "--workers", "1", "--seed", "2", "--wait"]) == 0
     out = capsys.readouterr().out
-    assert "dashboard: http" in out
+    assert "dashboard: http" in out and "MPO (bond 3)" in out and waited
     errors = [float(e) for e in re.findall(r"relative error ([0-9.e+-]+)", out)]
-    assert len(errors) == 2 and all(0 <= e < 1 for e in errors)
+    mpo = problems.random_mpo(8, 3, seed=2, decay=0.5)
+    mps = problems.random_mps(8, 8, seed=3, decay=0.9)
+    exact = exact_product(mpo, mps)
+    want = []
+    for oversample in (0, "auto"):
+        y = src_dask.apply(mpo, mps, 6, oversample=oversample, seed=2)
+        want.append(float(np.linalg.norm((y.to_dense() - exact.to_dense()).ravel())
+                          / np.linalg.norm(exact.to_dense().ravel())))
+    assert errors == pytest.approx(want, rel=1e-3) and errors[1] < errors[0], (errors, want)
 
 
 def test_module_entry_point_help():
