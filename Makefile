@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow test-slurm test-mutants lint bench clean
+.PHONY: demo test test-slow test-slurm test-mutants docs lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks examples docs
 	$(BIN)/python -m pytest -q -n 2
+
+# the documentation as HTML (docs/_build/html); any Sphinx warning is an error
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $@ $(VENV)/.installed
+
+docs: $(VENV)/.installed-docs
+	$(BIN)/python -m sphinx -W -q -b html docs docs/_build/html
 
 # the tests marked slow (memory bounds of out-of-core runs): one at a time, as their
 # budgets follow the memory the machine has free; CI runs them after `make test`

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import re
 import runpy
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,45 +16,37 @@ from src_dask.trains import exact_product
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def restore_logging():
-    """The README configures logging (basicConfig, a handler on "src_dask"): undo it,
-    so that no handler on a since-closed stream outlives the test."""
-    loggers = [logging.getLogger(name) for name in ("", "src_dask", "distributed")]
-    saved = [(lg, list(lg.handlers), lg.level) for lg in loggers]
-    yield
-    for lg, handlers, level in saved:
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
+def _python_blocks() -> list:
+    """Every ``python`` code block of the README and the documentation pages."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+        out += [pytest.param(block, id=f"{path.relative_to(ROOT)}:{i + 1}")
+                for i, block in enumerate(blocks)]
+    return out
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch, restore_logging, capsys):
-    monkeypatch.chdir(tmp_path)  # the examples write files
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) >= 10
-    namespace: dict = {"__name__": "readme"}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
-    ns = SimpleNamespace(**namespace)
-    # API
-    assert ns.bra.kind == "mps" and max(ns.z.bond_dims) <= 4
-    # quimb in and out; reference problems. chi_out = 5·8 is the product's largest bond,
-    # so both products are exact (to the rounding of the sketch's QR)
-    ref = ns.H_q.apply(ns.psi_q)
-    assert type(ns.Hpsi_q).__name__ == "MatrixProductState" and ns.Hpsi_q.max_bond() == 40
-    assert abs((ns.Hpsi_q - ref).norm()) < 1e-6 * abs(ref.norm())
-    exact = exact_product(ns.H, ns.psi).to_dense()
-    assert ns.Hpsi.kind == "mps" and max(ns.Hpsi.bond_dims) == 40
-    assert np.linalg.norm(ns.Hpsi.to_dense() - exact) < 1e-6 * np.linalg.norm(exact)
-    # progress: on stderr, and into a file
-    assert "done: 2 passes over 40 sites" in capsys.readouterr().err
-    assert "done: 2 passes over 40 sites" in (tmp_path / "run.log").read_text()
-    # large problems: inputs opened from Zarr; the last y comes from the finished run store
-    assert all(type(c).__module__.startswith("dask") for c in ns.A_disk)
-    assert (tmp_path / "run.zarr" / "result" / "site_39").is_dir()
-    assert all(type(c).__module__.startswith("dask") for c in ns.y)
-    assert ns.y.kind == "mps" and max(ns.y.bond_dims) <= 16
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", _python_blocks())
+def test_every_python_block_of_the_docs_runs_on_its_own(block, tmp_path):
+    """Each example is a complete program (imports, data, the main guard where it starts
+    a cluster): run as a script of its own in an empty directory, it succeeds. A block
+    whose first line is ``# needs: gpu`` runs where a GPU is."""
+    from src_dask._cluster import has_gpu
+
+    if block.startswith("# needs: gpu") and not has_gpu():
+        pytest.skip("needs a GPU")
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_the_docs_have_their_examples():
+    """The pages keep their examples (a page rewritten without them would pass the test
+    above by having none)."""
+    assert len(_python_blocks()) >= 15
 
 
 def test_demo_command(capsys, monkeypatch):

@@ -500,8 +500,8 @@ def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
         assert "--set-rmm-allocator-for-libs" in options and "--rmm-pool-size" in options
         missing = sorted(o for o in options if o not in help_text)
         assert not missing, f"{script}: {missing}"
-    # the README's `dask cuda worker` by hand (the command and its continued lines)
-    readme = (slurm.parent.parent / "README.md").read_text().splitlines()
+    # the docs' `dask cuda worker` by hand (the command and its continued lines)
+    readme = (slurm.parent.parent / "docs" / "hpc.md").read_text().splitlines()
     starts = [i for i, line in enumerate(readme) if line.startswith("dask cuda worker")]
     assert starts
     for i in starts:

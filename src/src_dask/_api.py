@@ -74,7 +74,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         (or returns the finished one). Workers must be able to reach the path.
     overwrite
         Replace a ``store`` that holds a run of other inputs or options (else an
-        error); only a run store is ever replaced (README, "Safety").
+        error); only a run store is ever replaced (docs/safety.md).
     progress
         Show a progress bar by pass and site while the graph runs: ``True`` for
         stderr (a widget in a Jupyter notebook), or a text stream to write to.

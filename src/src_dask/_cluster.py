@@ -576,13 +576,15 @@ def cluster(gpus: int | list[int] | None = None,
         Passed on to ``LocalCUDACluster`` (or ``LocalCluster``), e.g. the
         ``rmm_*`` options below, which then replace src_dask's choice.
 
-    Memory: CuPy allocations go through RMM (``rmm_allocator_external_lib_list=
-    ["cupy"]``) when ``rmm`` is installed. Over UCX each worker gets an RMM pool
-    (``rmm_async=False``; ``rmm_pool_size``, ``rmm_maximum_pool_size`` from
-    :func:`rmm_pool`: it starts as large as ``device_memory_limit`` and may grow
-    to 90 % of the device); otherwise RMM's asynchronous allocator
-    (``rmm_async=True``), which reuses memory freed by one task for the next
-    without synchronizing the device.
+    Notes
+    -----
+    Memory: CuPy allocations go through RMM
+    (``rmm_allocator_external_lib_list=["cupy"]``) when ``rmm`` is installed. Over UCX
+    each worker gets an RMM pool (``rmm_async=False``; ``rmm_pool_size``,
+    ``rmm_maximum_pool_size`` from :func:`rmm_pool`: it starts as large as
+    ``device_memory_limit`` and may grow to 90 % of the device); otherwise RMM's
+    asynchronous allocator (``rmm_async=True``), which reuses memory freed by one task
+    for the next without synchronizing the device.
 
     Why UCX with a pool: a 1–4 GB CuPy block moved between the two dask-cuda
     workers of two H200s on NVLink (2026-11-30) at 0.43–1.32 GB/s over TCP and

@@ -14,7 +14,7 @@ It bounds a run's memory by disk instead of RAM, and makes it restartable::
     store/S/site_j            the right environment pass 2 resumes from
     store/result/site_j       the output cores in quimb's layout
 
-Safety rules (the README's "Safety" section): a directory is replaced only if it
+Safety rules (docs/safety.md): a directory is replaced only if it
 is a run store (its ``zarr.json`` says so), and then only the entries a run
 writes are deleted; every array is verifiable (:mod:`._integrity`), and a resumed
 run checks what an earlier one left and recomputes what is damaged; a lock
