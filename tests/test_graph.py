@@ -750,7 +750,7 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     ``Z``; each block's sketch projects it, and each sum of ``S_{j-1}`` projects it
     again (once per block of ``S_{j-1}`` where that is cut). The cores equal those of
     the run that keeps ``Z``, with the CPU's layout and with a GPU's (one sketch task
-    per row block against all of ``C_j``)."""
+    per row block against all of ``C_j``, one task for the sum through the blocks)."""
     trains = (random_mpo(7, 3, phys=3, seed=1), random_mps(7, 6, phys=3, seed=2))
     stack = make_stack(trains)
     plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=_random.seed_key(3),
@@ -764,9 +764,16 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     sweep = _plan.SweepPlan.decide(stack, again, None)
     assert any(sweep.cut_env) is (task_bytes == 10_000)
     graph = _graph.build(stack, again)
-    projected = [k for k in dict(graph.dask)
-                 if isinstance(k, tuple) and k[1:2] == ("project",)]
+    dsk = dict(graph.dask)
+    projected = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("project",)]
     assert {key_split(k[0]) for k in projected} == {"pass2_site0"}  # Z_0: the first core
+    # a GPU (all of pass 2 in one place) sums S_{j-1} in one task per block of it, not
+    # one per row block of Z_j; Dask's threads keep a task per row block
+    for j in range(1, stack.n):
+        updates = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("update",)
+                   and key_split(k[0]) == f"pass2_site{j}"]
+        sums = sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+        assert len(updates) == sums * (1 if gpu_layout else sweep.z_blocks[j]), (j, updates)
     calls: dict[int, int] = {}
     original = _graph.tasks.project
 

@@ -193,6 +193,16 @@ class _Pass2:
         envs = []
         for o in outs:
             env = None
+            if z.again and self.sweep.pass2.together:
+                # all of pass 2 in one place: the chain through the row blocks is one
+                # task (a scheduler round trip per block would cost more than a block's
+                # GEMMs), holding what each of its steps would: the sum and one block
+                name = (g.name("pass2", j), "update") + (() if o is None else (o,))
+                envs.append(self.place(g.add(
+                    name, tasks.project_update_all, self.out[j], self.cores[j], z.source,
+                    blocks=m, out=None if o is None else (o, len(outs)), site=j,
+                    run=g.token), 0))
+                continue
             for b in range(m):
                 name = (g.name("pass2", j), "update", b) + (() if o is None else (o,))
                 out = None if o is None else (o, len(outs))

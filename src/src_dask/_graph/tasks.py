@@ -232,6 +232,19 @@ def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int,
     return partial_update(eta, z, env, rows=rows, out=out, site=site, run=run)
 
 
+def project_update_all(eta: Any, cores: list[Any], source: Any, *, blocks: int,
+                       out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
+    """:func:`project_update` through every row block of ``Z_j`` in turn, in one task:
+    ``source`` is ``S_j`` (cut into ``blocks`` row blocks here) or the list of its row
+    blocks; the running sum and one block are held at a time."""
+    env = None
+    for b in range(blocks):
+        s, s_rows = (source[b], None) if isinstance(source, list) else (source, (b, blocks))
+        env = project_update(eta, cores, s, s_rows, env, rows=(b, blocks), out=out,
+                             site=site, run=run)
+    return env
+
+
 def split_qr(sketches: list[list[Any]], *, site: int, run: str, **options: Any) -> Any:
     """``(η_j, None, None)`` from the sketches of ``Z_j``'s row blocks (one list of
     column-block pieces per row block, as :func:`sketch_rows` makes them)."""
