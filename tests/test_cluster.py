@@ -102,8 +102,7 @@ def gpus(monkeypatch, tmp_path):
 
         def start(**options) -> dict:
             recorded.calls.clear()
-            started = src_dask.cluster(local_directory=str(tmp_path), **options)
-            started._src_dask_spill()  # its private spill folder, removed at once
+            src_dask.cluster(local_directory=str(tmp_path), **options)
             return recorded.kwargs
 
         return start
@@ -185,10 +184,15 @@ def test_one_gpu_keeps_tcp_and_rmm_async(gpus, caplog, machine, options):
 
 
 def test_gpus_picks_among_the_visible_devices(gpus, monkeypatch):
+    """``gpus=2``: the first two visible (LocalCUDACluster's ``n_workers``, which takes
+    them from CUDA_VISIBLE_DEVICES); ``gpus=[...]``: those devices."""
     start = gpus(3)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
     kw = start(gpus=2)
-    assert kw["CUDA_VISIBLE_DEVICES"] == "3,5" and kw["protocol"] == "ucx"
+    assert kw["n_workers"] == 2 and "CUDA_VISIBLE_DEVICES" not in kw
+    assert kw["protocol"] == "ucx"
+    kw = start(gpus=[5])
+    assert kw["CUDA_VISIBLE_DEVICES"] == "5" and kw["protocol"] == "tcp"
 
 
 def test_explicit_arguments_win(gpus, caplog):

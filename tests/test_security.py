@@ -1,4 +1,4 @@
-"""Clusters src_dask starts are private by default (loopback, 0700 spill directories),
+"""Clusters src_dask starts are private by default (loopback, 0700 worker directories),
 TLS when asked, and stacks cannot point their factors outside their folder."""
 
 from __future__ import annotations
@@ -51,13 +51,11 @@ def takes_no_sigint() -> bool:
             or signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
 
-def spill_folder(client: Client) -> Path:
-    """The one folder the workers were given as local_directory (Dask puts
-    dask-scratch-space/worker-… under it)."""
-    dirs = client.run(lambda dask_worker: dask_worker.local_directory)
-    given = {Path(d).parents[1] for d in dirs.values()}
-    assert len(given) == 1, dirs
-    return given.pop()
+def worker_folders(client: Client) -> list[Path]:
+    """The workers' own folders (distributed puts them at
+    ``<local_directory>/dask-scratch-space/worker-…``)."""
+    return [Path(d) for d in client.run(lambda dask_worker: dask_worker.local_directory)
+            .values()]
 
 
 @pytest.fixture
@@ -78,11 +76,11 @@ def test_cluster_listens_on_loopback_and_spills_to_a_private_folder(tmp_path, no
         assert port(cluster.scheduler_address) in ports
         assert port(cluster.dashboard_link.split("//")[1]) in ports
         assert {pid for pid, *_ in new} - {os.getpid()}  # the worker processes' sockets too
-        private = spill_folder(client)
-        assert private.parent == parent and private.name.startswith("src-dask-")
-        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+        private = worker_folders(client)
+        assert len(private) == 2 and all(p.parents[1] == parent for p in private)
+        assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in private)
         assert all(client.run(takes_no_sigint).values())
-    assert not private.exists()  # removed with the cluster
+    assert not any(p.exists() for p in private)  # removed with the cluster
 
 
 def test_cluster_host_opens_it(no_gpu):
@@ -122,7 +120,7 @@ def watch_runs(monkeypatch) -> list[dict]:
     def src(*trains, client=None, **kwargs):
         info = {"address": client.scheduler.address, "listening": listening()}
         if client.run(lambda: 1):
-            info["spill"] = spill_folder(client)
+            (info["spill"],) = worker_folders(client)
             info["mode"] = stat.S_IMODE(info["spill"].stat().st_mode)
             info["no_sigint"] = all(client.run(takes_no_sigint).values())
         seen.append(info)
@@ -143,8 +141,8 @@ def test_cli_workers_are_private(problem, tmp_path, monkeypatch, capsys):
     new = run["listening"] - before
     assert {ip for _, ip, _ in new} == {"127.0.0.1"}, sorted(new)
     assert {pid for pid, *_ in new} - {os.getpid()}  # the worker process's sockets too
-    assert run["spill"].parent == spill and run["mode"] == 0o700 and run["no_sigint"]
-    assert os.listdir(spill) == []  # removed after the run
+    assert run["spill"].parents[1] == spill and run["mode"] == 0o700 and run["no_sigint"]
+    assert not run["spill"].exists()  # removed after the run
 
 
 def write_certificates(folder: Path) -> tuple[str, str, str]:

@@ -183,10 +183,11 @@ def _check_tls(scheduler_file: str, security: Any) -> None:
 def demo(args: argparse.Namespace) -> int:
     """MPO·MPS on a local cluster; the error against the exact product and the time."""
     from distributed import LocalCluster
+    from distributed.comm.addressing import unparse_host_port
 
     import src_dask
     from src_dask import problems
-    from src_dask._cluster import address, start_local
+    from src_dask._cluster import start_local
     from src_dask.trains import TensorTrain, exact_product
 
     # decaying bonds: a compressible product, so the errors are worth reading
@@ -197,7 +198,7 @@ def demo(args: argparse.Namespace) -> int:
 
     def start() -> Any:
         return start_local(LocalCluster, n_workers=args.workers, threads_per_worker=1,
-                           host=args.host, dashboard_address=address(args.host, 0))
+                           host=args.host, dashboard_address=unparse_host_port(args.host, 0))
 
     with local_client(start) as client:
         out = sys.stdout
@@ -282,13 +283,14 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
         return
     if args.gpus is not None or args.workers is not None:
         from distributed import LocalCluster
+        from distributed.comm.addressing import unparse_host_port
 
-        from ._cluster import address, cluster, has_gpu, start_local
+        from ._cluster import cluster, has_gpu, start_local
 
         options: dict[str, Any] = {"memory_limit": args.memory_limit,
                                    "local_directory": args.local_directory,
                                    "host": args.host, "security": args.security,
-                                   "dashboard_address": address(args.host, 0)}
+                                   "dashboard_address": unparse_host_port(args.host, 0)}
         if args.gpus is not None and not has_gpu():
             raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
                            "--workers N for a CPU cluster")

@@ -29,9 +29,9 @@ The clusters src_dask starts (:func:`cluster`, and the command line's
   other machines can reach those ports too; ``protocol="tcp"`` keeps such a
   cluster on loopback, and a ``security`` that requires encryption makes it
   use TLS (both at TCP speed).
-- workers spill to a fresh directory that only you can enter (mode 0700,
-  :func:`private_directory`) under the ``local_directory`` you choose;
-  it is removed with the cluster.
+- workers spill under the ``local_directory`` you choose, each to a fresh
+  directory that only you can enter (distributed makes it with mode 0700 and
+  removes it when the worker closes).
 - worker processes do not take SIGINT (:func:`._signals.sigint_deferred`), so a Ctrl-C
   in a terminal interrupts the client (which then closes the cluster) instead
   of killing every worker with a traceback of its own.
@@ -47,9 +47,7 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -428,24 +426,6 @@ def _memory(device: str, dask_worker: Any = None) -> int | None:
         return None
 
 
-def address(host: str, port: int) -> str:
-    """``host:port`` (an IPv6 host in brackets), e.g. a ``dashboard_address``."""
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{port}"
-
-
-def private_directory(parent: str | None = None) -> str:
-    """A fresh directory that only this user can enter (mode 0700, made by
-    ``tempfile.mkdtemp``) under ``parent``: by default Dask's
-    ``temporary-directory`` or the system's temporary directory. Workers spill
-    there, so other users of the machine cannot read the data they spill."""
-    if parent is None:
-        parent = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
-    os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix="src-dask-", dir=parent)
-
-
 def dask_setup(worker: Any) -> None:
     """Preload of the workers src_dask starts (Dask calls it as the worker starts):
     in a worker process of its own (not in the client's process), ignore SIGINT.
@@ -466,51 +446,34 @@ def _preloads(kwargs: dict[str, Any]) -> list[str]:
     return given if _PRELOAD in given else [*given, _PRELOAD]
 
 
-def start_local(cls: Any, *, local_directory: str | None = None, host: str | None = LOOPBACK,
+def start_local(cls: Any, *, host: str | None = LOOPBACK,
                 dashboard_address: str | None = DEFAULT, security: Any = None,
                 protocol: str | None = None, **kwargs: Any) -> Any:
     """``cls(**kwargs)`` (``LocalCluster`` or ``LocalCUDACluster``), private by
-    default (see the module docstring): listening on ``host`` (loopback), the
-    dashboard on ``dashboard_address`` (``host:8787`` by default), TLS where
-    ``security`` requires encryption (protocol ``tls``), spilling to a fresh 0700
-    directory under ``local_directory`` (removed with the cluster), worker
-    processes that do not take SIGINT."""
+    default (see the module docstring): listening on ``host`` (loopback), over TCP
+    (TLS where ``security`` requires encryption; also in one process, where
+    ``LocalCluster`` would talk in-process and open no port for other clients), the
+    dashboard on ``dashboard_address`` (``host:8787`` by default), worker processes
+    that do not take SIGINT, a Ctrl-C while it starts closing it again."""
     from distributed import Security
+    from distributed.comm.addressing import unparse_host_port
 
     host = host or LOOPBACK
-    if dashboard_address is DEFAULT:
-        dashboard_address = address(host, 8787)
     if security is None:
         security = Security()  # what Dask config (distributed.comm.tls) says
     if protocol is None:
         protocol = "tls" if security.require_encryption else "tcp"
+    if dashboard_address is DEFAULT:
+        dashboard_address = unparse_host_port(host, 8787)
     if kwargs.get("processes", True):
         kwargs["preload"] = _preloads(kwargs)
-    spill = private_directory(local_directory)
-    try:
-        with sigint_deferred() as interrupted:
-            started = cls(host=host, dashboard_address=dashboard_address, security=security,
-                          protocol=protocol, local_directory=spill, **kwargs)
-        if interrupted():  # Ctrl-C while it started: close it again, then interrupt
-            with quiet_logs():
-                started.close()
-            raise KeyboardInterrupt
-    except BaseException:
-        shutil.rmtree(spill, ignore_errors=True)
-        raise
-    # the spill directory goes with the cluster: when it closes (or is collected, or
-    # at exit, whichever comes first)
-    remove = weakref.finalize(started, shutil.rmtree, spill, True)
-    close = started._close
-
-    async def _close() -> None:
-        try:
-            await close()
-        finally:
-            remove()
-
-    started._close = _close
-    started._src_dask_spill = remove
+    with sigint_deferred() as interrupted:
+        started = cls(host=host, dashboard_address=dashboard_address, security=security,
+                      protocol=protocol, **kwargs)
+    if interrupted():  # Ctrl-C while it started: close it again, then interrupt
+        with quiet_logs():
+            started.close()
+        raise KeyboardInterrupt
     return started
 
 
@@ -607,10 +570,8 @@ def cluster(gpus: int | list[int] | None = None,
     # A few threads per GPU: while one launches kernels, others read and copy inputs.
     kwargs.setdefault("threads_per_worker", 4)
 
-    if isinstance(gpus, int):
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",")[:gpus] if visible else [str(i) for i in range(gpus)]
-        kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    if isinstance(gpus, int):  # the first ones visible, as LocalCUDACluster takes them
+        kwargs["n_workers"] = gpus
     elif gpus is not None:
         kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     if security is None:

@@ -124,38 +124,31 @@ def sigint_quiets(quiet: contextlib.ExitStack) -> Iterator[None]:
 @contextlib.contextmanager
 def local_client(start: Callable[[], Any]) -> Iterator[Any]:
     """A ``distributed.Client`` on the local cluster that ``start()`` returns
-    (``_cluster.start_local``: loopback by default, a private spill directory,
-    worker processes that do not take SIGINT). A Ctrl-C silences Dask's logs
-    until the cluster is closed, so the interrupt shows as one line (``main``); a
-    Ctrl-C while the cluster closes waits for the close (then interrupts); the
-    spill directory is removed with the cluster."""
+    (``_cluster.start_local``: loopback by default, worker processes that do not
+    take SIGINT). A Ctrl-C silences Dask's logs until the cluster is closed, so the
+    interrupt shows as one line (``main``); a Ctrl-C while the cluster closes waits
+    for the close (then interrupts)."""
     from distributed import Client
 
     local = start()
     client = None
     quiet = contextlib.ExitStack()
-    came_while_closing = False
-    try:
-        with quiet:
-            try:
-                with sigint_quiets(quiet):
-                    client = Client(local)
-                    yield client
-            except KeyboardInterrupt:
-                quiet.enter_context(quiet_logs())
-                with contextlib.suppress(Exception):
-                    client.run(quiet_worker)  # type: ignore[union-attr]
-                raise
-            finally:
-                with sigint_deferred() as came:
-                    if client is not None:
-                        client.close()
-                    local.close()
-                came_while_closing = came()
-    finally:
-        remove = getattr(local, "_src_dask_spill", None)
-        if remove is not None:
-            remove()
+    with quiet:
+        try:
+            with sigint_quiets(quiet):
+                client = Client(local)
+                yield client
+        except KeyboardInterrupt:
+            quiet.enter_context(quiet_logs())
+            with contextlib.suppress(Exception):
+                client.run(quiet_worker)  # type: ignore[union-attr]
+            raise
+        finally:
+            with sigint_deferred() as came:
+                if client is not None:
+                    client.close()
+                local.close()
+            came_while_closing = came()
     if came_while_closing:
         raise KeyboardInterrupt
 
