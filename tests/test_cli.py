@@ -416,8 +416,7 @@ def test_protocol_reaches_the_gpu_cluster(problem, tmp_path, monkeypatch):
         return _cluster.start_local(LocalCluster, n_workers=1, threads_per_worker=1,
                                     **options)
 
-    monkeypatch.setattr(_cluster, "cluster", fake_cluster)
-    monkeypatch.setattr(_cluster, "has_gpu", lambda: True)
+    monkeypatch.setattr(src_dask, "cluster", fake_cluster)
     a, x = problem
     with dask.config.set({"src_dask.device": "cpu"}):  # the stand-in has no GPU
         assert main(["run", str(a), str(x), "--chi-out", "4", "--gpus", "2", "--protocol",

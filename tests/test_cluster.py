@@ -34,6 +34,20 @@ def test_cluster_without_gpu_is_a_cpu_local_cluster(tmp_path, monkeypatch):
             assert rel_err(y, dense_product(a, x)) <= 1e-12
 
 
+def test_gpus_0_is_a_cpu_cluster_and_gpus_asked_for_without_one_an_error(monkeypatch):
+    """``gpus=0``: CPU workers even where there are GPUs (the command line's
+    ``--workers``); GPUs asked for where there is none: a ValueError, not a CPU cluster
+    in their place."""
+    monkeypatch.setattr(C, "has_gpu", lambda: True)
+    with src_dask.cluster(gpus=0, n_workers=1, processes=False,
+                          dashboard_address=None) as cluster:
+        assert type(cluster) is LocalCluster and len(cluster.workers) == 1
+    monkeypatch.setattr(C, "has_gpu", lambda: False)
+    for gpus in (1, [0]):
+        with pytest.raises(ValueError, match="no usable GPU here"):
+            src_dask.cluster(gpus=gpus)
+
+
 def test_device_choice(monkeypatch):
     x = random_mps(4, 2, seed=0)
     monkeypatch.setattr(C, "has_gpu", lambda: False)

@@ -182,12 +182,10 @@ def _check_tls(scheduler_file: str, security: Any) -> None:
 # -- demo ------------------------------------------------------------------------------
 def demo(args: argparse.Namespace) -> int:
     """MPO·MPS on a local cluster; the error against the exact product and the time."""
-    from distributed import LocalCluster
     from distributed.comm.addressing import unparse_host_port
 
     import src_dask
     from src_dask import problems
-    from src_dask._cluster import start_local
     from src_dask.trains import TensorTrain, exact_product
 
     # decaying bonds: a compressible product, so the errors are worth reading
@@ -197,8 +195,9 @@ def demo(args: argparse.Namespace) -> int:
     exact = exact_product(mpo, mps)
 
     def start() -> Any:
-        return start_local(LocalCluster, n_workers=args.workers, threads_per_worker=1,
-                           host=args.host, dashboard_address=unparse_host_port(args.host, 0))
+        return src_dask.cluster(gpus=0, n_workers=args.workers, threads_per_worker=1,
+                                host=args.host,
+                                dashboard_address=unparse_host_port(args.host, 0))
 
     with local_client(start) as client:
         out = sys.stdout
@@ -282,24 +281,27 @@ def _compute_client(args: argparse.Namespace) -> Iterator[Any]:
             yield client
         return
     if args.gpus is not None or args.workers is not None:
-        from distributed import LocalCluster
         from distributed.comm.addressing import unparse_host_port
 
-        from ._cluster import cluster, has_gpu, start_local
+        import src_dask
 
         options: dict[str, Any] = {"memory_limit": args.memory_limit,
                                    "local_directory": args.local_directory,
                                    "host": args.host, "security": args.security,
                                    "dashboard_address": unparse_host_port(args.host, 0)}
-        if args.gpus is not None and not has_gpu():
-            raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
-                           "--workers N for a CPU cluster")
+        if args.gpus is not None:
+            options.update(gpus=args.gpus, protocol=args.protocol)
+        else:
+            options.update(gpus=0, n_workers=args.workers, threads_per_worker=args.threads)
 
         def start() -> Any:
-            if args.gpus is not None:
-                return cluster(gpus=args.gpus, protocol=args.protocol, **options)
-            return start_local(LocalCluster, n_workers=args.workers,
-                               threads_per_worker=args.threads, **options)
+            try:
+                return src_dask.cluster(**options)
+            except ValueError as err:
+                if "no usable GPU" in str(err):
+                    raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); "
+                                   "use --workers N for a CPU cluster") from None
+                raise
 
         with local_client(start) as client:
             _err(f"dashboard: {client.dashboard_link}")

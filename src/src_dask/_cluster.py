@@ -498,7 +498,9 @@ def cluster(gpus: int | list[int] | None = None,
     ----------
     gpus
         How many GPUs (an int) or which ones (a list of device ids); all
-        visible GPUs by default.
+        visible GPUs by default (a CPU cluster where there is none). 0: a CPU
+        ``LocalCluster`` whatever the machine has. GPUs asked for on a machine
+        without a usable one are a ``ValueError``.
     device_memory_limit
         Device memory a worker fills with stored data before spilling to host
         memory (bytes, a string such as ``"40GB"``, or a fraction of the device).
@@ -558,12 +560,16 @@ def cluster(gpus: int | list[int] | None = None,
     """
     network = {"host": host, "dashboard_address": dashboard_address, "security": security,
                "protocol": protocol, "local_directory": local_directory}
-    if not has_gpu():
+    if gpus == 0 or (gpus is None and not has_gpu()):
         from distributed import LocalCluster
 
-        log.info("cluster: no GPU found; starting a CPU LocalCluster")
+        if gpus is None:
+            log.info("cluster: no GPU found; starting a CPU LocalCluster")
         kwargs.setdefault("threads_per_worker", 1)
         return start_local(LocalCluster, memory_limit=memory_limit, **network, **kwargs)
+    if not has_gpu():
+        raise ValueError(f"cluster: gpus={gpus!r}, but there is no usable GPU here (CuPy "
+                         "and a CUDA device); gpus=0 starts CPU workers")
     from dask_cuda import LocalCUDACluster
     from distributed import Security
 
