@@ -503,3 +503,27 @@ def test_a_small_run_on_a_cluster_is_one_task(cluster_client):
                              progress=progress)
         assert len(stream.data) > 8
         assert close_cores(y, src_dask.src(*trains, chi_out=10, seed=3))
+
+
+@pytest.mark.parametrize("one_task", [True, False])
+def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, one_task,
+                                                              monkeypatch):
+    """``persist=True``, three steps of an MPO applied to an MPS on a Client (a small run
+    as one task, or as a graph of many): each result is Dask arrays over futures whose
+    data are on the workers, the next step takes it where it is, and the state equals
+    the same loop in this process."""
+    from distributed import Future
+
+    if not one_task:
+        monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 0)
+    a, x = random_mpo(8, 2, seed=1), random_mps(8, 4, seed=2)
+    y, z = x, x
+    for step in range(3):
+        y = src_dask.apply(a, y, chi_out=8, seed=step, client=cluster_client, persist=True)
+        z = src_dask.apply(a, z, chi_out=8, seed=step)
+        futures = [next(v for v in dict(c.__dask_graph__()).values() if isinstance(v, Future))
+                   for c in y]
+        assert all(cluster_client.who_has(futures).values())  # on the workers
+    with cluster_client.as_current():  # computed where they are
+        assert close_cores(y, z)
+    assert src_dask.apply(a, x, chi_out=8, seed=0, persist=True).kind == "mps"  # no client

@@ -34,7 +34,8 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         dtype: Any = None, seed: int | None = None, chunk: int | None = None,
         client: Any = None, store: str | os.PathLike | None = None,
         overwrite: bool = False, progress: bool | TextIO = False,
-        performance_report: str | os.PathLike | None = None) -> TensorTrain:
+        performance_report: str | os.PathLike | None = None,
+        persist: bool = False) -> TensorTrain:
     """Compress the product ``trains[0]·trains[1]·…`` to bond dimension ``chi_out``.
 
     Successive randomized compression (Camaño, Epperly & Tropp, 2025) run as
@@ -82,15 +83,24 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
     performance_report
         Path of an HTML file for Dask's performance report of the run (task
         stream, worker profiles, bandwidth); needs a distributed ``client``.
+    persist
+        With a distributed ``client``: the result's cores stay in the workers'
+        memory, and the result is a train of Dask arrays backed by them. Passed
+        to the next call (a time-evolution loop, ``apply`` then ``compress``) it
+        is used where it is: no core crosses to the client and back between
+        calls; ``to_numpy()`` (with that client the current one) brings it
+        home. Ignored without a client (the result is in this process already)
+        and with ``store`` (it is on disk).
 
     Returns
     -------
     TensorTrain
         An MPS (if a factor is an MPS) or an MPO, in quimb's layouts: NumPy
         arrays (CuPy arrays when every input is a CuPy array and no client is
-        used), or with ``store`` Dask arrays over the store's ``result``
-        arrays. Without oversampling it is right-canonical (all the norm in
-        site 0); after rounding it is left-canonical (the norm in the last site).
+        used), with ``store`` Dask arrays over the store's ``result`` arrays,
+        with ``persist`` Dask arrays over the workers' results. Without
+        oversampling it is right-canonical (all the norm in site 0); after
+        rounding it is left-canonical (the norm in the last site).
     """
     stack, plan, client, store, seed, extra, facts = _prepare(
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
@@ -100,7 +110,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         seed = _random.draw_seed() if seed is None else seed  # drawn here: y.seed says it
         log.info("src: seed %d", seed)
         y = _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                 facts, progress, performance_report)
+                 facts, progress, performance_report, persist=persist)
     else:
         asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
                  "dtype": stack.dtype.name, "seed": seed}
@@ -122,7 +132,8 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
          dtype: Any = None, seed: int | None = None, chunk: int | None = None,
          client: Any = None, store: str | os.PathLike | None = None,
          overwrite: bool = False, progress: bool | TextIO = False,
-         performance_report: str | os.PathLike | None = None) -> RunPlan:
+         performance_report: str | os.PathLike | None = None,
+         persist: bool = False) -> RunPlan:
     """What :func:`src` with the same arguments would do and need, without doing it.
 
     Nothing is computed and nothing is written: the result says the per-worker
@@ -323,13 +334,16 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
 
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
-         run: RunStore | None = None, resume: Progress | None = None) -> TensorTrain | None:
+         run: RunStore | None = None, resume: Progress | None = None,
+         persist: bool = False) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
-    into ``run``. ``facts``: what the workers have (for the plan logged at INFO)."""
+    into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
+    ``persist``: the result's cores stay on the cluster (see :func:`src`)."""
+    persist = persist and client is not None and run is None
     if run is None and not progress and performance_report is None:
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
-            return _run_in_one_task(stack, plan, client, flops)
+            return _run_in_one_task(stack, plan, client, flops, persist)
     summary = _progress.describe(stack, plan, client)
     workers = None if client is None else sorted(client.scheduler_info()["workers"])
     graph = _graph.build(stack, plan, workers, run, resume)
@@ -342,7 +356,8 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     with in_graph(stack), \
             ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, workers)), \
             _progress.watch(graph, client, progress, performance_report, summary):
-        cores, weights = _compute(graph, client, launch_only=not plan.to_host)
+        cores, weights = _compute(graph, client, launch_only=not plan.to_host,
+                                  persist=persist)
     if weights is not None:
         worst = max(range(len(weights)), key=weights.__getitem__)
         log.info("src: rounding discarded at most %.3g of the weight (bond %d), %.3g in all",
@@ -372,9 +387,11 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
     return total if need <= plan.task_bytes * max(1, facts.threads) else None
 
 
-def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float) -> TensorTrain:
+def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
+                     persist: bool = False) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
-    there by Dask's synchronous scheduler; the inputs travel once, in the task."""
+    there by Dask's synchronous scheduler; the inputs travel once, in the task.
+    ``persist``: the cores stay on that worker (see :func:`src`)."""
     graph = _graph.build(stack, plan)
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
@@ -383,13 +400,45 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float) 
     with in_graph(stack):
         future = client.submit(_graph.compute_here, dsk, wanted, pure=False)
     try:
-        cores, *rest = future.result()
+        if persist:
+            n = stack.n
+            parts = [client.submit(_part, future, j, pure=False) for j in range(n)]
+            cores = _on_the_cluster(client, parts)
+            rest = [client.submit(_discarded_of, future, pure=False).result()]
+        else:
+            cores, *rest = future.result()
     except BaseException:  # a failure or an interrupt: nothing left running
         future.cancel()
         raise
     y = TensorTrain(list(cores), stack.kind, name="result")
     y.discarded = rest[0] if rest else None
     return y
+
+
+def _part(result: Any, j: int) -> Any:
+    """Core ``j`` of a one-task run's result."""
+    return result[0][j]
+
+
+def _discarded_of(result: Any) -> Any:
+    """The discarded weights of a one-task run's result (None without rounding)."""
+    return result[1] if len(result) > 1 else None
+
+
+def _meta(x: Any) -> tuple[tuple[int, ...], Any]:
+    """The shape and dtype of a result core, where it is."""
+    return tuple(x.shape), x.dtype
+
+
+def _on_the_cluster(client: Any, futures: list[Any]) -> list[Any]:
+    """Dask arrays over ``futures`` (results in the workers' memory), once they are
+    done: only their shapes and dtypes come to the client."""
+    import dask.array as da
+    from dask import delayed
+
+    metas = client.gather(client.map(_meta, futures, pure=False))
+    return [da.from_delayed(delayed(f), shape=shape, dtype=dtype)
+            for f, (shape, dtype) in zip(futures, metas, strict=True)]
 
 
 #: Schedulers whose GPU workers' slow link was reported (once a cluster, not every call).
@@ -407,7 +456,7 @@ def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
         log.warning(text)
 
 
-def _compute(graph: Any, client: Any, launch_only: bool = False
+def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool = False
              ) -> tuple[list[Any], list[float] | None]:
     """The output cores of ``graph`` and the weights its rounding discards (None without
     rounding). On a cluster each core travels to the client as
@@ -417,7 +466,8 @@ def _compute(graph: Any, client: Any, launch_only: bool = False
     ``launch_only``: every task only queues GPU kernels (CuPy inputs, CuPy results),
     so threads have nothing to overlap and Dask's synchronous scheduler, with half
     the threaded one's overhead a task, runs the graph, unless the Dask config
-    names a scheduler.
+    names a scheduler. ``persist``: the cores stay on the cluster (Dask arrays over
+    them; see :func:`src`).
     """
     weights = _graph.discarded(graph)
     if client is None:
@@ -427,6 +477,14 @@ def _compute(graph: Any, client: Any, launch_only: bool = False
     from distributed import as_completed
 
     futures = client.compute(_graph.outputs(graph) + ([weights] if weights is not None else []))
+    if persist:
+        cores = futures[:-1] if weights is not None else futures
+        try:
+            return (_on_the_cluster(client, cores),
+                    futures[-1].result() if weights is not None else None)
+        except BaseException:  # a failure or an interrupt stops the rest of the run
+            client.cancel(futures)
+            raise
     where = {f.key: j for j, f in enumerate(futures)}
     out: list[Any] = [None] * len(futures)
     try:
