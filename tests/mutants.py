@@ -90,6 +90,21 @@ MUTANTS = (
     Mutant("OOM: later tasks forget the size that fitted", "_oom.py",
            "hi = min(b, lo + _FITS.get(key, b - a))", "hi = b",
            ("tests/test_oom.py", "-k", "keeps_the_split")),
+    Mutant("reproject: a projected core the device cannot keep is kept", "_plan.py",
+           "    return plan.reproject and site > 0", "    return False",
+           ("tests/test_plan.py", "-k", "projected_twice")),
+    Mutant("reproject: a sum of S projects the wrong rows of S_j", "_graph/tasks.py",
+           "z = project(cores, s, rows=s_rows, site=site, run=run)",
+           "z = project(cores, s, rows=None, site=site, run=run)",
+           ("tests/test_graph.py", "-k", "made_twice")),
+    Mutant("read ahead: a GPU worker with little host memory reads 8 sites ahead",
+           "_plan.py", "    return None if fits >= default else max(1, fits)",
+           "    return None",
+           ("tests/test_plan.py", "-k", "fewer_sites")),
+    Mutant("persist: a persisted result comes back to the client", "_api.py",
+           "    persist = persist and client is not None and run is None",
+           "    persist = False",
+           ("tests/test_cluster.py", "-k", "persisted")),
 )
 
 
