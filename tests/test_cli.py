@@ -508,3 +508,30 @@ def test_generate_bytes_from_the_shapes_are_what_is_written(tmp_path):
          list(problems.stack(5, 6, phys=3, bond=2).values())),
     ]:
         assert spec_bytes(spec) == sum(t.nbytes for t in trains)
+
+
+def test_an_interrupted_run_with_a_store_says_where_it_stopped(problem, tmp_path, capsys,
+                                                               monkeypatch):
+    """Ctrl-C during ``run --store`` (here: in pass 2, after pass 1 wrote the store)
+    names the pass and site the store holds and says the same command resumes; without
+    a store, one word."""
+    from src_dask import _graph
+
+    a, x = problem
+    store = tmp_path / "run.zarr"
+    original = _graph.tasks.pass2_step
+
+    def interrupted(*args, site, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_graph.tasks, "pass2_step", interrupted)
+    common = ["run", str(a), str(x), "--chi-out", "6", "--seed", "1", "--out",
+              str(tmp_path / "y")]
+    assert main([*common, "--store", str(store)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (f"src-dask: interrupted in pass 2, at site {len(src_dask.open(a)) - 1}; "
+                   f"{store} keeps it: rerun the same command to resume"), err
+    assert main(common) == 130
+    assert capsys.readouterr().err.strip() == "src-dask: interrupted"
+    monkeypatch.setattr(_graph.tasks, "pass2_step", original)
+    assert main([*common, "--store", str(store)]) == 0  # the rerun resumes

@@ -50,8 +50,10 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tmp_path):
             proc.communicate()
     lines = stderr.splitlines()
     # the dashboard's address is printed when the cluster starts; after it, one line
-    assert [ln for ln in lines if not ln.startswith("src-dask: dashboard: http://127.0.0.1:")] \
-        == ["src-dask: interrupted"], stderr
+    (said,) = [ln for ln in lines if not ln.startswith("src-dask: dashboard: http://127.0.0.1:")]
+    # where it stopped, and how to go on
+    assert said.startswith("src-dask: interrupted in pass ") and said.endswith(
+        f"; {store} keeps it: rerun the same command to resume"), stderr
     assert proc.returncode == 130, stderr
     assert stdout == "" and not os.path.exists(out)
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

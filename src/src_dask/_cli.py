@@ -629,6 +629,24 @@ def _add_info(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=info, parser=p)
 
 
+def _where_it_stopped(store: str | None) -> str:
+    """What an interrupted ``run --store`` keeps (its progress, from
+    ``storage.describe``), and that the same command resumes it; nothing without a
+    store, or where the store has nothing to say."""
+    if store is None or not os.path.isdir(store):
+        return ""
+    try:
+        info = storage.describe(store)
+    except Exception:  # noqa: BLE001 - set up only partly: nothing to report
+        return ""
+    if info.get("what") != "run store":
+        return ""
+    done, blocks = info["pass1_blocks_done"], info["pass1_blocks"]
+    where = (f"pass 1, {done} of {blocks} blocks of sketch columns done" if done < blocks
+             else f"pass 2, at site {info['pass2_next_site']}")
+    return f" in {where}; {store} keeps it: rerun the same command to resume"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = _parser()
@@ -642,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         forget(err)
-        _err("interrupted")
+        _err("interrupted" + _where_it_stopped(getattr(args, "store", None)))
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
