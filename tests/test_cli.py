@@ -300,7 +300,7 @@ def test_run_progress_and_log_on_stderr(problem, tmp_path, capsys):
     assert main(["run", str(a), str(x), "--chi-out", "6", "--seed", "9", "--progress", "-v",
                  "--out", str(tmp_path / "y")]) == 0
     captured = capsys.readouterr()
-    assert "wrote mps" in captured.out and "passes" not in captured.out
+    assert "wrote mps (MPO·MPS, ket)" in captured.out and "passes" not in captured.out
     assert "done: 2 passes over 8 sites" in captured.err  # the bar
     assert "src-dask: src: SRC plan: MPO·MPS" in captured.err  # the INFO log
     with pytest.raises(SystemExit) as exc:  # a usage error
@@ -535,3 +535,14 @@ def test_an_interrupted_run_with_a_store_says_where_it_stopped(problem, tmp_path
     assert capsys.readouterr().err.strip() == "src-dask: interrupted"
     monkeypatch.setattr(_graph.tasks, "pass2_step", original)
     assert main([*common, "--store", str(store)]) == 0  # the rerun resumes
+
+
+def test_the_run_line_names_the_product(problem, tmp_path, capsys):
+    """The summary line says what was computed: the factors in order, bra or ket."""
+    a, x = problem
+    assert main(["run", str(x), str(a), "--chi-out", "6", "--seed", "1",
+                 "--out", str(tmp_path / "bra")]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote mps (MPS·MPO, bra) to {tmp_path / 'bra'}:")
+    assert main(["run", str(a), str(a), "--chi-out", "6", "--seed", "1",
+                 "--out", str(tmp_path / "aa")]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote mpo (MPO·MPO, ket) to {tmp_path / 'aa'}:")

@@ -369,7 +369,10 @@ def run(args: argparse.Namespace) -> int:
                    "store": args.store and os.path.abspath(args.store), **options}
         storage.save(result, out, overwrite=args.overwrite, attrs={"made_by": made_by})
     seconds = time.perf_counter() - t0
-    _out(f"wrote {result.kind} to {args.out}: {len(result)} sites, max bond "
+    # the product computed: the factors in order, a bra where an MPS is on the left
+    product = "·".join(t.kind.upper() for t in trains)
+    side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"
+    _out(f"wrote {result.kind} ({product}, {side}) to {args.out}: {len(result)} sites, max bond "
          f"{max(result.bond_dims)}, {result.dtype}, {format_bytes(result.nbytes)} in "
          f"{seconds:.2f} s (seed {options['seed']})")
     return 0
