@@ -198,10 +198,11 @@ class _Pass2:
                 # task (a scheduler round trip per block would cost more than a block's
                 # GEMMs), holding what each of its steps would: the sum and one block
                 name = (g.name("pass2", j), "update") + (() if o is None else (o,))
+                sources, s_rows = zip(*(z.rows_of(b) for b in range(m)), strict=True)
                 envs.append(self.place(g.add(
-                    name, tasks.project_update_all, self.out[j], self.cores[j], z.source,
-                    blocks=m, out=None if o is None else (o, len(outs)), site=j,
-                    run=g.token), 0))
+                    name, tasks.project_update_all, self.out[j], self.cores[j],
+                    list(sources), s_rows=list(s_rows),
+                    out=None if o is None else (o, len(outs)), site=j, run=g.token), 0))
                 continue
             for b in range(m):
                 name = (g.name("pass2", j), "update", b) + (() if o is None else (o,))

@@ -232,15 +232,15 @@ def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int,
     return partial_update(eta, z, env, rows=rows, out=out, site=site, run=run)
 
 
-def project_update_all(eta: Any, cores: list[Any], source: Any, *, blocks: int,
+def project_update_all(eta: Any, cores: list[Any], sources: list[Any], *,
+                       s_rows: list[tuple[int, int] | None],
                        out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
-    """:func:`project_update` through every row block of ``Z_j`` in turn, in one task:
-    ``source`` is ``S_j`` (cut into ``blocks`` row blocks here) or the list of its row
-    blocks; the running sum and one block are held at a time."""
+    """:func:`project_update` through every row block of ``Z_j`` in turn, in one task
+    (block ``b`` projected from ``s_rows[b]`` of ``sources[b]``); the running sum and
+    one block are held at a time."""
     env = None
-    for b in range(blocks):
-        s, s_rows = (source[b], None) if isinstance(source, list) else (source, (b, blocks))
-        env = project_update(eta, cores, s, s_rows, env, rows=(b, blocks), out=out,
+    for b, (s, rows) in enumerate(zip(sources, s_rows, strict=True)):
+        env = project_update(eta, cores, s, rows, env, rows=(b, len(sources)), out=out,
                              site=site, run=run)
     return env
 
