@@ -250,10 +250,11 @@ def _pass2_at_once(sweep: SweepPlan, j: int, threads: int) -> int:
     return min(threads, sweep.z_blocks[j]) if sweep.pass2.together else threads
 
 
-def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
-    """Bytes of the largest pass-2 task of site ``j`` besides the data it reads: a
+def _pass2_parts(stack: Stack, sweep: SweepPlan, j: int) -> tuple[int, int, int]:
+    """Elements a pass-2 task of site ``j`` holds besides the data it reads, by kind: a
     row block of ``Z`` projected (its rows of ``S`` in, the contraction's temporaries
-    and result), its sketch piece, or the environment update (η and ``S_{j-1}``)."""
+    and result), its sketch piece, the environment update (η and ``S_{j-1}``, or the
+    rows of it that one running sum holds where it is summed in blocks)."""
     plan = sweep.plan
     rows = z_rows(stack, plan, j)
     block = math.ceil(rows / sweep.z_blocks[j])
@@ -263,33 +264,27 @@ def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
     ud = stack.up(j) * stack.down(j)
     left = math.prod(stack.left_bonds(j))
     right = math.prod(s[1] for s in stack.shapes(j))
-    project = K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
-    sketch = plan.chunk * block * ud
-    update = q * rows * ud + 2 * q * left
-    return (max(project + block * right, sketch, update)) * stack.dtype.itemsize
+    project = (K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
+               + block * right)
+    return project, plan.chunk * block * ud, q * rows * ud + 2 * q * left
+
+
+def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:
+    """Bytes of the largest pass-2 task of site ``j`` (see :func:`_pass2_parts`)."""
+    return max(_pass2_parts(stack, sweep, j)) * stack.dtype.itemsize
 
 
 def _pass2_running(stack: Stack, sweep: SweepPlan, j: int, threads: int) -> int:
     """Bytes of the pass-2 tasks of site ``j`` a worker runs at once (see
-    :func:`_pass2_task`). Where ``Z_j`` is projected again (``Plan.reproject``) each
+    :func:`_pass2_parts`). Where ``Z_j`` is projected again (``Plan.reproject``) each
     task projects its row block first: the sketches run side by side, the environment
     sum, a chain through the blocks, alone."""
     at_once = _pass2_at_once(sweep, j, threads)
     step = sweep.steps[j] if j < len(sweep.steps) else None
     if step is None or not step.reproject:
         return at_once * _pass2_task(stack, sweep, j)
-    plan = sweep.plan
-    rows = z_rows(stack, plan, j)
-    block = math.ceil(rows / sweep.z_blocks[j])
-    q = z_rows(stack, plan, j - 1)
-    ud = stack.up(j) * stack.down(j)
-    left = math.prod(stack.left_bonds(j))
-    right = math.prod(s[1] for s in stack.shapes(j))
-    project = (K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
-               + block * right)
-    sketch = project + plan.chunk * block * ud
-    update = project + q * rows * ud + 2 * q * left
-    return max(at_once * sketch, update) * stack.dtype.itemsize
+    project, sketch, update = _pass2_parts(stack, sweep, j)
+    return max(at_once * (project + sketch), project + update) * stack.dtype.itemsize
 
 
 def _s_bytes(stack: Stack, plan: Plan, j: int) -> int:
