@@ -630,29 +630,36 @@ def test_split_pass_2_on_gpu_workers_gives_the_cpu_cores_for_odd_stacks(tmp_path
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("threads", [1, 4])
-def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, threads):
+@pytest.mark.parametrize("threads, host", [(1, False), (4, False), (4, True)])
+def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, threads, host):
     """The src-method stack at D_M=256 (environments ~0.74 GB) on one worker whose RMM
     pool starts at 256 MB and may grow to 640 MB, as a smaller GPU would: the plan
     keeps its peak within the pool, sends environments to host memory and projects
     each ``Z`` twice rather than keep it (``Plan.reproject``: ``Z`` is 1 GB), every
     step that still runs out is computed in pieces, and the cores are the uncapped
-    run's."""
+    run's. ``host``: the worker keeps little in host memory too (Dask's target at 5 %
+    of 4 GB), so environments go on to its disk, and none is left there."""
     pytest.importorskip("rmm", reason="RMM's pools need rmm (the gpu extra's UCX stack)")
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
     trains = [t.to_numpy() for t in src_dask.problems.stack(12, 256, seed=3).values()]
     ref = _on("gpu", *trains, chi_out=256, seed=1)
-    with LocalCUDACluster(n_workers=1, threads_per_worker=threads,
-                          device_memory_limit="256MB", rmm_pool_size="256MB",
-                          rmm_maximum_pool_size="640MB",
-                          rmm_allocator_external_lib_list=["cupy"],
-                          local_directory=str(tmp_path), dashboard_address=":0") as cluster, \
+    memory = {"memory_limit": "4GB"} if host else {}
+    with dask.config.set({"distributed.worker.memory.target": 0.05 if host else 0.6}), \
+            LocalCUDACluster(n_workers=1, threads_per_worker=threads,
+                             device_memory_limit="256MB", rmm_pool_size="256MB",
+                             rmm_maximum_pool_size="640MB",
+                             rmm_allocator_external_lib_list=["cupy"],
+                             local_directory=str(tmp_path), dashboard_address=":0",
+                             **memory) as cluster, \
             Client(cluster) as client:
         plan = src_dask.plan(*trains, chi_out=256, seed=1, client=client)
         assert plan.peak_device <= plan.device_memory <= 640e6, plan
         assert plan.reproject and plan.host_envs, plan
+        assert (plan.disk_envs > 0) is host, plan
         y = src_dask.src(*trains, chi_out=256, seed=1, client=client)
+        left = [p.name for p in tmp_path.rglob("src_dask-env-*")]
     assert plan.env_bytes > 640e6
+    assert left == []
     _same(y, ref, tol=1e-10, dense=False)

@@ -789,3 +789,98 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     for j in range(1, stack.n):
         sums = sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
         assert calls[j] == sweep.z_blocks[j] * (1 + sums), (j, calls)
+
+
+def _disk_layout(monkeypatch, tmp_path):
+    """A GPU run's layout with environments in host memory and on disk, run on the
+    CPU: pinned buffers and device copies are plain NumPy ones here; files go to
+    ``tmp_path`` (Dask's temporary directory, where a task outside a worker writes)."""
+    from src_dask import _transfer
+
+    monkeypatch.setattr(_transfer, "empty_pinned", lambda shape, dtype: np.empty(shape, dtype))
+    copies = {"host": 0, "disk": 0, "back": 0}
+    to_disk = _transfer.to_disk
+
+    def written(x, run, name):
+        copies["disk"] += 1
+        return to_disk(x, run, name)
+
+    monkeypatch.setattr(_transfer, "to_disk", written)
+    monkeypatch.setattr(_transfer, "to_device",
+                        lambda x: copies.__setitem__("back", copies["back"] + 1) or x.copy())
+    monkeypatch.setattr(_graph.tasks, "to_host",
+                        lambda x: copies.__setitem__("host", copies["host"] + 1) or x.copy())
+    monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
+        lambda cls, device, workers: cls(home=False, together=True, spread=False,
+                                         pieces_at_env=False)))
+    monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
+    return copies
+
+
+def test_environments_written_to_disk_give_the_same_cores(monkeypatch, tmp_path):
+    """``Plan.disk_envs``: of the environments a GPU run sends to host memory, the first
+    sites' go on to the worker's disk (written by pass 1's tasks, read back by pass 2's
+    fetches two sites ahead). The cores equal the plain layout's bit for bit; each of
+    those environments is written once per block and read back once, the others copied
+    to host memory, and no file is left behind."""
+    trains = (random_mpo(7, 3, phys=3, seed=1), random_mps(7, 6, phys=3, seed=2))
+    stack = make_stack(trains)
+    plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=_random.seed_key(3),
+                      round=False)
+    ref = _graph.build(stack, plan).compute(scheduler="sync")
+    copies = _disk_layout(monkeypatch, tmp_path)
+    graph = _graph.build(stack, dataclasses.replace(plan, host_envs=4, disk_envs=2))
+    dsk = dict(graph.dask)
+    token = keys.token_of(graph.key)
+    # C_1 (on disk) is read back once the QR of site 3 is done, not before
+    assert (f"pass2_site3-{token}", "core") in dsk[(f"pass2_site1-{token}", "fetch", 0)][1:]
+    y = graph.compute(scheduler="sync")
+    assert all(np.array_equal(p, q) for p, q in zip(y, ref, strict=True))
+    blocks = len(plan.blocks)
+    assert copies == {"disk": 2 * blocks, "host": 2 * blocks, "back": 4 * blocks}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_stops_removes_the_environments_it_wrote(monkeypatch, tmp_path):
+    """A run that fails after pass 1 wrote environments to disk removes them (those of
+    its run only: another file beside them stays), and says what failed."""
+    from src_dask import _transfer
+
+    stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=_random.seed_key(3),
+                      round=False, host_envs=3, disk_envs=3)
+    _disk_layout(monkeypatch, tmp_path)
+    other = tmp_path / f"{_transfer._PREFIX}another-run-1-0"
+    other.write_bytes(b"not ours")
+
+    def broken(d, device):
+        assert any(p.name.startswith(_transfer._PREFIX + keys.token_of(graph.key))
+                   for p in tmp_path.iterdir())
+        raise RuntimeError("the fetch failed")
+
+    monkeypatch.setattr(_transfer, "from_disk", broken)
+    graph = _graph.build(stack, plan)
+    with pytest.raises(RuntimeError, match="the fetch failed"), \
+            _api._files_removed(graph, plan, None):
+        graph.compute(scheduler="sync")
+    assert list(tmp_path.iterdir()) == [other]
+
+
+def test_an_environment_missing_or_cut_short_on_disk_is_an_error(monkeypatch, tmp_path):
+    """An environment read back from disk is all there or an error naming the file;
+    never zeros."""
+    from src_dask import _transfer
+
+    monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
+    x = np.arange(12.0).reshape(3, 4) + 1j
+    d = _transfer.to_disk(x, "run", "1-0")
+    assert np.array_equal(_transfer.from_disk(d, device=False), x)
+    assert not (tmp_path / f"{_transfer._PREFIX}run-1-0").exists()  # removed once read
+    d = _transfer.to_disk(x, "run", "1-0")
+    with open(d.path, "r+b") as f:
+        f.truncate(d.nbytes - 16)
+    with pytest.raises(OSError, match="cut short"):
+        _transfer.from_disk(d, device=False)
+    (tmp_path / f"{_transfer._PREFIX}run-1-0").unlink()
+    with pytest.raises(FileNotFoundError, match="missing"):
+        _transfer.from_disk(d, device=False)

@@ -538,3 +538,38 @@ def test_the_projection_model_is_the_kernels_measured_peak(depth, bond, mpo_bond
     finally:
         tracemalloc.stop()
     assert 0.75 <= peak / (rows * K.project_row_bytes(cores)) <= 1.25
+
+
+@pytest.mark.parametrize("dm, pool_gb, host_gb", [(1000, 24, 8), (1000, 12, 16), (1000, 48, 8),
+                                                  (2000, 24, 16), (1000, 24, 128)])
+def test_environments_host_memory_cannot_keep_go_to_disk(dm, pool_gb, host_gb):
+    """The environments a GPU run sends to host memory go on to the worker's disk where
+    its host memory would not keep them beside the inputs read ahead (Dask would spill
+    them on its event loop): the first sites' (used last), no more than that. The plan
+    keeps the worker below Dask's spill threshold, counts them in what goes to disk,
+    and says so."""
+    from src_dask import _api, _estimate
+
+    stack = make_stack(tuple(problems.stack(50, dm).values()))
+    host, rss = host_gb * 10**9, 1_400_000_000
+    facts = _plan.Workers(count=1, threads=4, rss=rss, host_limit=host,
+                          keep=int(min(0.6 * host, 0.7 * host - rss)),
+                          device_limit=pool_gb * 10**9 * 2 // 3,
+                          device_memory=pool_gb * 10**9, memory=pool_gb * 10**9)
+    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", workers=facts, slots=1)
+    sweep = _plan.SweepPlan.decide(stack, plan, None)
+    est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
+                             product="")
+    envs = _estimate.environments(stack, plan, 1)
+    in_host = sum(envs[plan.disk_envs + 1:plan.host_envs + 1])
+    room = facts.keep - _estimate.pinned_reads(stack, sweep.lookahead, "gpu")
+    assert in_host <= room
+    if host_gb == 128:
+        assert plan.disk_envs == 0 and est.to_disk == 0
+        return
+    assert 0 < plan.disk_envs <= plan.host_envs
+    assert in_host + envs[plan.disk_envs] > room - _estimate.staged_envs(stack, plan, 1)
+    assert est.peak_host <= rss + facts.keep
+    assert est.to_disk >= sum(envs[1:plan.disk_envs + 1]) == est.disk_env_bytes
+    assert f"environments of sites 1-{plan.disk_envs} (" in str(est)
+    assert "written to the workers' disk" in str(est)

@@ -8,18 +8,31 @@ store when there is one (:mod:`._runstore`), and computes the graph
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
 import math
 import numbers
 import os
+from collections.abc import Iterator
 from typing import Any, NamedTuple, TextIO
 
 import dask
 import dask.utils
 
-from . import _arraylike, _estimate, _graph, _paths, _plan, _progress, _random, _runstore, config
+from . import (
+    _arraylike,
+    _estimate,
+    _graph,
+    _paths,
+    _plan,
+    _progress,
+    _random,
+    _runstore,
+    _transfer,
+    config,
+)
 from ._cluster import choose_device, ucx_waits_for_default_stream, worker_facts
 from ._estimate import RunPlan
 from ._runstore import Progress, RunStore
@@ -242,12 +255,18 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     sketch = _plan.sketch_width(stack, chi_out, extra)
     keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 
-    def sized(task: int | None, host_envs: int = 0, reproject: bool = False) -> _plan.Plan:
+    def sized(task: int | None, decided: _plan.Plan | None = None) -> _plan.Plan:
+        """The plan with tasks of ``task`` bytes, and what ``decided`` decided of where
+        the data go (``host_envs``, ``disk_envs``, ``reproject``)."""
         cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
         plan = _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
-                          threads=workers.threads, host_envs=host_envs, reproject=reproject)
+                          threads=workers.threads)
+        if decided is not None:
+            plan = dataclasses.replace(plan, host_envs=decided.host_envs,
+                                       disk_envs=decided.disk_envs,
+                                       reproject=decided.reproject)
         return dataclasses.replace(plan, read_ahead=_plan.read_ahead(stack, plan, workers))
 
     plan = sized(_plan.task_bytes(workers, device))
@@ -256,19 +275,20 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         # blocks), so those of the first sizing bound the second
         ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
         if _reproject(stack, plan, workers, ahead, store):
-            plan = sized(plan.task_bytes, reproject=True)
+            plan = dataclasses.replace(plan, reproject=True)
         # sized as if the device kept all the data it may (up to its limit): the room
         # the environments sent to host memory leave is margin for what the memory
         # model misses (the pool's fragmentation, the libraries' workspaces)
         data = max(_estimate.data_held(stack, plan, workers.count, store))
-        if not store:  # environments beyond what the device keeps go to host memory
-            plan = sized(plan.task_bytes, _host_envs(stack, plan, workers, ahead),
-                         plan.reproject)
+        if not store:  # environments beyond what the device keeps go to host memory,
+            # and those beyond what the host keeps on to disk
+            plan = dataclasses.replace(plan, host_envs=_host_envs(stack, plan, workers, ahead))
+            plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, workers))
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
                                        workers.threads, ahead)
         if task < plan.task_bytes:
             try:
-                smaller = sized(task, plan.host_envs, plan.reproject)
+                smaller = sized(task, plan)
                 _plan.check_fits(stack, smaller)  # refused before a store or a graph is made
                 return smaller
             except MemoryError:  # the data leave too little: the tasks keep their share
@@ -302,6 +322,21 @@ def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: in
     everything = dataclasses.replace(plan, host_envs=stack.n - 1)
     other = max(_estimate.data_held(stack, everything, workers.count, False)) + ahead
     return _plan.host_envs(_estimate.environments(stack, plan, workers.count), keep - other)
+
+
+def _disk_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers) -> int:
+    """How many of the environments a GPU run sends to host memory go on to disk: those
+    beyond what the worker keeps in host memory before Dask would spill them (on its
+    event loop), less the pinned buffers of the inputs read ahead of use
+    (``_plan.read_ahead``) and of the environments' own way to disk and back."""
+    if not plan.host_envs or workers.keep is None:
+        return 0
+    envs = _estimate.environments(stack, plan, workers.count)[:plan.host_envs + 1]
+    staged = _estimate.staged_envs(stack, dataclasses.replace(plan, disk_envs=plan.host_envs),
+                                   workers.count)
+    budget = (workers.keep - staged
+              - _estimate.pinned_reads(stack, _plan.lookahead(stack, plan), plan.device))
+    return _plan.host_envs(envs, budget)
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
@@ -353,7 +388,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
-    with in_graph(stack), \
+    with in_graph(stack), _files_removed(graph, plan, client), \
             ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, workers)), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host,
@@ -368,6 +403,23 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     y = TensorTrain(list(cores), stack.kind, name="result")
     y.discarded = weights
     return y
+
+
+@contextlib.contextmanager
+def _files_removed(graph: Any, plan: _plan.Plan, client: Any) -> Iterator[None]:
+    """The environments the run writes to disk (``Plan.disk_envs``) removed if it stops
+    before reading them back (each is removed as it is read)."""
+    try:
+        yield
+    except BaseException:
+        if plan.disk_envs:
+            token = _graph.keys.token_of(graph.key)
+            with contextlib.suppress(Exception):
+                if client is None:
+                    _transfer.remove_run(token)
+                else:
+                    client.run(_transfer.remove_run, token)
+        raise
 
 
 def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,

@@ -65,6 +65,8 @@ class RunPlan:
     where: str = ""  # the scheduler's address, or Dask's local scheduler
     host_envs: int = 0  # the environments C_1 … C_h a GPU run keeps in host memory
     host_env_bytes: int = 0  # their bytes (per worker)
+    disk_envs: int = 0  # of those, C_1 … C_d written to disk instead (Plan.disk_envs)
+    disk_env_bytes: int = 0  # their bytes (per worker)
     reproject: bool = False  # pass 2 projects Z twice instead of keeping it (Plan.reproject)
 
     @property
@@ -88,8 +90,11 @@ class RunPlan:
             + (f", tasks sized to {b(self.task_bytes)}" if self.task_bytes else ""),
             f"  inputs {b(self.input_bytes)}, environments {b(self.env_bytes)}, "
             f"run store {b(self.store_bytes)} of disk"
-            + (f"; environments of sites 1-{self.host_envs} ({b(self.host_env_bytes)}) in "
-               "host memory, copied back a site ahead" if self.host_envs else "")
+            + (f"; environments of sites {self.disk_envs + 1}-{self.host_envs} "
+               f"({b(self.host_env_bytes)}) in host memory, copied back a site ahead"
+               if self.host_envs > self.disk_envs else "")
+            + (f"; environments of sites 1-{self.disk_envs} ({b(self.disk_env_bytes)}) "
+               "written to the workers' disk, read back a site ahead" if self.disk_envs else "")
             + ("; projected cores made twice, not kept" if self.reproject else ""),
             f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
             + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
@@ -131,22 +136,21 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     on_host = host_held(stack, plan, workers.count) if plan.host_envs else [0.0] * len(tasks_at)
     held = [(data + ahead, running, put) for data, running, put in
             zip(data_held(stack, plan, workers.count, store), tasks_at, on_host, strict=True)]
-    # a GPU worker reads lazy inputs into pinned host memory ahead of their use, and
-    # CuPy's pinned pool keeps the blocks they leave: twice the reads in flight (on the
-    # ladder of benchmarks/README.md this brought the planned host peak from 0.1-0.9x
-    # of the workers' measured RSS to 0.8-1.1x)
-    reads = 2 * ahead if plan.device == "gpu" and stack.input_bytes(lazy=True) else 0
+    # pinned host memory: a GPU worker's reads of lazy inputs and environments' way to disk
+    reads = pinned_reads(stack, sweep.lookahead, plan.device)
+    on_disk = disk_held(stack, plan, workers.count)
+    reads += staged_envs(stack, plan, workers.count)
     device_keep = workers.device_limit if plan.device == "gpu" else None
     usable = usable_device(workers) if plan.device == "gpu" else None
     peak_host = peak_device = spilled = to_disk = 0
-    for data, running, put in held:
+    for (data, running, put), written in zip(held, on_disk, strict=True):
         here = data if device_keep is None else min(data, device_keep)
         if usable is not None:  # data a task needs room from is spilled (``_oom``)
             here = min(here, max(0, usable - running))
         host = data - here + put if plan.device == "gpu" else data
         kept = host if workers.keep is None else min(host, workers.keep)
         spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
-        to_disk = max(to_disk, host - kept)
+        to_disk = max(to_disk, host - kept + written)
         if plan.device == "gpu":
             peak_device = max(peak_device, here + running)
             peak_host = max(peak_host, workers.rss + kept + reads)
@@ -163,6 +167,7 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
         device_limit=workers.device_limit, device_memory=usable, where=where,
         host_envs=plan.host_envs, host_env_bytes=int(on_host[0]),
+        disk_envs=plan.disk_envs, disk_env_bytes=int(on_disk[0]),
         reproject=any(step.reproject for step in sweep.steps if step))
 
 
@@ -211,10 +216,34 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
 
 def host_held(stack: Stack, plan: Plan, workers: int) -> list[float]:
     """Bytes of the environments the busiest worker holds in host memory because the
-    plan puts them there (``Plan.host_envs``), at the same points as
-    :func:`data_held`: all of them at the end of pass 1, then those not yet used."""
-    env, h = environments(stack, plan, workers), plan.host_envs
-    return [sum(env[:h + 1])] + [sum(env[:min(j, h) + 1]) for j in range(stack.n - 1, -1, -1)]
+    plan puts them there (``Plan.host_envs``, but not those it writes to disk,
+    ``Plan.disk_envs``), at the same points as :func:`data_held`: all of them at the
+    end of pass 1, then those not yet used."""
+    return _held(environments(stack, plan, workers), stack.n, plan.disk_envs, plan.host_envs)
+
+
+def disk_held(stack: Stack, plan: Plan, workers: int) -> list[float]:
+    """Bytes of the environments the busiest worker has written to disk
+    (``Plan.disk_envs``), at the same points as :func:`data_held`."""
+    return _held(environments(stack, plan, workers), stack.n, 0, plan.disk_envs)
+
+
+def _held(env: list[float], n: int, after: int, upto: int) -> list[float]:
+    """Bytes of the environments of sites ``after+1 … upto`` not yet used, at the end of
+    pass 1 and at each site of pass 2 (right to left)."""
+    return [sum(env[after + 1:upto + 1])] + [sum(env[after + 1:min(j, upto) + 1])
+                                            for j in range(n - 1, -1, -1)]
+
+
+def staged_envs(stack: Stack, plan: Plan, workers: int) -> float:
+    """Host bytes of the pinned buffers environments pass through on their way to disk
+    and back (``Plan.disk_envs``): a block of ``C_j`` per task running at once, twice
+    (CuPy's pinned pool keeps what the writes of pass 1 leave for the reads of pass 2)."""
+    if not plan.disk_envs:
+        return 0.0
+    share = _share(plan, workers) * plan.sketch / plan.chunk  # blocks the worker holds
+    block = max(environments(stack, plan, workers)[1:plan.disk_envs + 1]) / max(1.0, share)
+    return 2.0 * plan.threads * block
 
 
 def environments(stack: Stack, plan: Plan, workers: int) -> list[float]:
@@ -297,6 +326,17 @@ def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
     """Bytes of the projected core ``Z_j`` (at most)."""
     return (z_rows(stack, plan, j) * math.prod(stack.left_bonds(j)) * stack.up(j)
             * stack.down(j) * stack.dtype.itemsize)
+
+
+def pinned_reads(stack: Stack, lookahead: int, device: str) -> int:
+    """Host bytes of a GPU worker's reads of lazy inputs ``lookahead`` sites ahead of
+    use: they land in pinned memory, and CuPy's pinned pool keeps the blocks they
+    leave, so twice the reads in flight (on the ladder of benchmarks/README.md this
+    brought the planned host peak from 0.1-0.9x of the workers' measured RSS to
+    0.8-1.1x)."""
+    if device != "gpu" or not stack.input_bytes(lazy=True):
+        return 0
+    return 2 * inputs_in_flight(stack, lookahead)
 
 
 def inputs_in_flight(stack: Stack, lookahead: int) -> int:

@@ -48,6 +48,10 @@ class Plan:
     # pass 1 copies them to host memory as it makes them, pass 2 copies each back a site
     # ahead of its use (see :func:`host_envs`)
     host_envs: int = 0
+    # of those, C_1 … C_d (d = disk_envs) that the worker's host memory does not keep
+    # either: written to a file of its directory as they are made, read back a site
+    # ahead of use by the tasks' threads (see :func:`host_envs`)
+    disk_envs: int = 0
     # on a GPU whose data limit cannot hold a site's projected core ``Z_j`` beside the
     # rest of the run's data: ``Z_j`` is not kept between its sketch and the
     # environment update, each of those tasks projects its row block itself (see
@@ -316,7 +320,9 @@ def host_envs(envs: list[float], budget: float) -> int:
     used first, and the host those it has time to copy back ahead of use — the order
     in which dask-cuda would spill them (least recently used first), but copied by
     the tasks' threads through pinned memory, not on the worker's event loop, and
-    before the device is full, not after."""
+    before the device is full, not after. The same one level down: how many of the
+    environments in host memory (``envs[:host_envs + 1]``) go on to disk so that the
+    rest fit ``budget`` bytes of host memory (``Plan.disk_envs``)."""
     kept = 0.0
     for j in range(len(envs) - 1, 0, -1):
         kept += envs[j]
@@ -606,13 +612,15 @@ def lookahead(stack: Stack, plan: Plan) -> int:
 def read_ahead(stack: Stack, plan: Plan, workers: Workers) -> int | None:
     """Sites a GPU worker with limited host memory reads lazy inputs ahead of their use
     (None: :func:`lookahead`'s default): the reads land in pinned host memory, which
-    CuPy's pool keeps (twice the reads in flight), beside all the data Dask keeps
-    before it spills and the process itself: no more than fit its limit, at least one
-    site (the next)."""
+    CuPy's pool keeps (twice the reads in flight); they may take half of what the
+    worker keeps before Dask spills on its event loop (the other half is for the
+    environments the plan sends to host memory: ``Plan.disk_envs``): no more sites
+    than fit that, at least one (the next)."""
     if plan.device != "gpu" or not workers.host_limit or not stack.input_bytes(lazy=True):
         return None
     site = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n))
-    room = workers.host_limit - workers.rss - (workers.keep or 0)
+    keep = workers.keep if workers.keep is not None else workers.host_limit - workers.rss
+    room = keep // 2
     fits = room // (2 * site * stack.dtype.itemsize) - 1
     default = lookahead(stack, plan)
     return None if fits >= default else max(1, fits)

@@ -10,9 +10,13 @@ contractions of site ``j`` and results leave the GPU while pass 2 goes on.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
+import dask
 import numpy as np
 
 #: Below this size a plain device-to-host copy is cheaper than a stream and a staging buffer.
@@ -114,3 +118,89 @@ def to_host(x: Any) -> np.ndarray:
     staging = empty_pinned(x.shape, x.dtype)
     x.get(stream=stream, out=staging)  # blocks this thread until the copy is done
     return np.array(staging)
+
+
+# -- disk ------------------------------------------------------------------------------
+# Environments that neither the device nor the worker's host memory keeps
+# (``Plan.disk_envs``) go to a file of the worker's own directory, written by the
+# thread of the task that made them and read back by the thread of the task that
+# fetches them ahead of use: Dask's spilling would move them on the worker's
+# event loop, where no other transfer or task start happens meanwhile.
+
+#: Prefix of the files written here, with the run's token: what :func:`remove_run`
+#: deletes, and nothing else.
+_PREFIX = "src_dask-env-"
+
+
+class OnDisk(NamedTuple):
+    """An array written to ``path`` by :func:`to_disk`, read once by :func:`from_disk`."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+def _directory() -> str:
+    """Where this process writes: its Dask worker's own directory (mode 0700, removed
+    with the worker), or, under Dask's local scheduler, the temporary directory."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().local_directory
+    except (ImportError, ValueError):
+        return dask.config.get("temporary-directory", None) or tempfile.gettempdir()
+
+
+def to_disk(x: Any, run: str, name: str) -> OnDisk:
+    """``x`` (NumPy or CuPy) written to a file of this worker's directory, named after
+    the ``run`` token and ``name``; written to a temporary name and renamed, so a file
+    under the final name is complete."""
+    path = os.path.join(_directory(), f"{_PREFIX}{run}-{name}")
+    if is_cupy(x) and x.nbytes >= _SMALL:
+        import cupy
+
+        x = cupy.ascontiguousarray(x)
+        stream = _copy_stream()
+        stream.wait_event(cupy.cuda.get_current_stream().record())
+        host = empty_pinned(x.shape, x.dtype)
+        x.get(stream=stream, out=host)  # blocks this thread until the copy is done
+    else:
+        host = np.ascontiguousarray(to_host(x))
+    with open(path + ".part", "wb") as f:
+        f.write(host.reshape(-1).view(np.uint8).data)
+    os.replace(path + ".part", path)
+    return OnDisk(path, tuple(host.shape), host.dtype.str, host.nbytes)
+
+
+def from_disk(d: OnDisk, device: bool) -> Any:
+    """The array of ``d``, on the device (read into pinned memory, copied on this
+    thread's copy stream) or in host memory; the file is removed once read. A missing
+    or short file is an error, never zeros."""
+    host = empty_pinned(d.shape, d.dtype) if device else np.empty(d.shape, d.dtype)
+    view, got = host.reshape(-1).view(np.uint8).data, 0
+    try:
+        with open(d.path, "rb") as f:
+            while got < d.nbytes and (n := f.readinto(view[got:])):
+                got += n
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{d.path}: an environment written to disk is missing (was "
+                                "the worker's directory cleaned during the run?)") from None
+    if got != d.nbytes:
+        raise OSError(f"{d.path}: an environment written to disk has {got} bytes of "
+                      f"{d.nbytes}: it was cut short")
+    out = to_device(host) if device else host
+    os.remove(d.path)
+    return out
+
+
+def remove_run(run: str) -> int:
+    """Remove the files :func:`to_disk` wrote in this process's directory for ``run``
+    (a run that failed or was cancelled before reading them back); their count."""
+    directory, removed = _directory(), 0
+    for name in os.listdir(directory):
+        if name.startswith(f"{_PREFIX}{run}-"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+                removed += 1
+    return removed

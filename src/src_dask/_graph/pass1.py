@@ -48,10 +48,19 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
             # the environments the device does not keep: a copy in host memory for pass
             # 2, made by a thread of the worker (the chain goes on with the device's)
             kept = done(j, c)
-            if kept != env:
+            if kept != env and j + 1 <= plan.disk_envs and _reads_back_here(g, c):
+                # nor in host memory: to the worker's disk, read back where it was written
+                g.pin(g.add(kept, tasks.to_disk, env, run=g.token, name=f"{j + 1}-{c}"), c)
+            elif kept != env:
                 g.pin(g.add(kept, tasks.to_host, env), c)
             envs[j + 1][c] = kept
     return envs
+
+
+def _reads_back_here(g: GraphBuilder, c: int) -> bool:
+    """Whether pass 2 fetches block ``c``'s environments on the worker that made them
+    (a file written there is read there); else they stay in host memory, to travel."""
+    return not g.sweep.pass2.home or c % max(1, len(g.workers)) == 0
 
 
 #: Sites a block's chain may run ahead of the slowest block that shares its inputs.

@@ -337,9 +337,17 @@ def to_host(x: Any) -> Any:
     return _transfer.to_host(x)
 
 
+def to_disk(x: Any, *, run: str, name: str) -> _transfer.OnDisk:
+    """``x`` written to the worker's disk (an environment neither the device nor host
+    memory keeps: ``Plan.disk_envs``), as ``name`` of run ``run``."""
+    return _transfer.to_disk(x, run, name)
+
+
 def to_device(x: Any, after: Any = None) -> Any:
     """``x`` on the device, once ``after`` has run (an environment fetched back from
-    host memory ahead of its use)."""
+    host memory, or read back from disk, ahead of its use)."""
+    if isinstance(x, _transfer.OnDisk):
+        return _transfer.from_disk(x, device=True)
     return _transfer.to_device(x)
 
 
