@@ -158,6 +158,26 @@ def _listen(dask_worker: Any) -> None:
         logging.getLogger(name).addHandler(handler)
 
 
+def _count_allocations() -> bool:
+    """On a worker: count the bytes its arrays take through RMM (a statistics adaptor
+    over its pool), so the plan's device peak can be told apart from what the pool
+    reserves beyond it (growth, fragmentation)."""
+    try:
+        import rmm.statistics
+    except ImportError:
+        return False
+    rmm.statistics.enable_statistics()
+    return True
+
+
+def _allocated_peak() -> int | None:
+    """On a worker: the most bytes its arrays held at once through RMM."""
+    import rmm.statistics
+
+    stats = rmm.statistics.get_statistics()
+    return None if stats is None else int(stats.peak_bytes)
+
+
 def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], Any]:
     """One rung: the cluster, the plan, one timed run."""
     from dask_cuda import LocalCUDACluster
@@ -197,6 +217,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
         if args.tasks:
             client.run(_listen)
         stream = get_task_stream(client=client) if args.tasks else contextlib.nullcontext()
+        counted = cap_gb and all(client.run(_count_allocations).values())
         with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks:
             start = time.perf_counter()
             try:
@@ -214,6 +235,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                              "device_baseline": idle.baseline.get("device_used"),
                              "peak_host_rss": peak.peak.get("host_rss"),
                              "stored_peak": held.peak}
+        if counted:  # what the arrays took at most, against what the pool reserved
+            entry["measured"]["rmm_allocated_peak"] = max(client.run(_allocated_peak).values())
         if plan.peak_device:
             entry["device_peak_measured_over_planned"] = (
                 (peak.peak.get("device_used", 0) - idle.baseline.get("device_used", 0))
@@ -260,10 +283,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      e.get("time_over_first"), e.get("fraction_of_gemm"),
                      (plan.get("peak_device") or 0) / GB,
                      ((m.get("peak_device_used") or 0) - (m.get("device_baseline") or 0)) / GB,
+                     (m.get("rmm_allocated_peak") or 0) / GB,
                      (plan.get("peak_host") or 0) / GB, (m.get("peak_host_rss") or 0) / GB,
                      m.get("stored_peak", {}).get("host", 0) / GB,
                      m.get("stored_peak", {}).get("disk", 0) / GB, e.get("core_diff_vs_first")])
-    print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB",
+    print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB", "allocated GB",
                  "plan host GB", "meas host GB", "on host GB", "on disk GB", "core diff"],
                 rows)
     return record
