@@ -430,6 +430,30 @@ def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monke
     assert whole - capped >= (gpu - pool) * 0.95 / 4
 
 
+def test_a_dask_cuda_worker_keeps_host_data_up_to_its_spill_threshold(monkeypatch):
+    """dask-cuda's host buffer keeps data up to the worker's whole limit: its data spill
+    only when the process passes the spill threshold (not at the target, as a plain
+    worker's ``SpillBuffer`` does), so that threshold bounds what the plan keeps there."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    monkeypatch.setattr(C, "_memory", lambda device, dask_worker=None: 2**30)
+    rss = psutil.Process().memory_info().rss
+    limit = 40 * rss  # the target (24 rss) binds a plain worker, not dask-cuda's (27 rss)
+    manager = SimpleNamespace(memory_limit=limit, memory_target_fraction=0.6,
+                              memory_spill_fraction=0.7, memory_pause_fraction=0.8)
+
+    def keep(data):
+        worker = SimpleNamespace(plugins={}, data=data, memory_manager=manager)
+        return C._facts("cpu", dask_worker=worker)["keep"]
+
+    dask_cuda = SimpleNamespace(device_buffer=SimpleNamespace(n=2**29))
+    assert keep({}) == int(min(0.6 * limit, 0.7 * limit - rss))
+    assert keep(dask_cuda) == pytest.approx(0.7 * limit - rss, rel=0.05)
+    assert keep(dask_cuda) > keep({})
+
+
 def test_the_workers_are_asked_once_a_call(cluster_client, monkeypatch, caplog, many_tasks):
     """One question to the workers per call of src or plan, also when the plan is
     logged at INFO (the plan and its log line read the same answer)."""

@@ -263,11 +263,14 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
                           threads=workers.threads)
+        ahead = _plan.read_ahead(stack, plan, workers)
         if decided is not None:
             plan = dataclasses.replace(plan, host_envs=decided.host_envs,
                                        disk_envs=decided.disk_envs,
                                        reproject=decided.reproject)
-        return dataclasses.replace(plan, read_ahead=_plan.read_ahead(stack, plan, workers))
+            if decided.read_ahead is not None:
+                ahead = min(ahead or decided.read_ahead, decided.read_ahead)
+        return dataclasses.replace(plan, read_ahead=ahead)
 
     plan = sized(_plan.task_bytes(workers, device))
     if device == "gpu" and workers.device_memory and plan.task_bytes is not None:
@@ -284,6 +287,10 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
             # and those beyond what the host keeps on to disk
             plan = dataclasses.replace(plan, host_envs=_host_envs(stack, plan, workers, ahead))
             plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, workers))
+            if plan.disk_envs and _plan.lookahead(stack, plan) > _ENVS_FIRST:
+                # inputs read fewer sites ahead leave host memory to environments
+                plan = dataclasses.replace(plan, read_ahead=_ENVS_FIRST)
+                plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, workers))
         task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
                                        workers.threads, ahead)
         if task < plan.task_bytes:
@@ -322,6 +329,11 @@ def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: in
     everything = dataclasses.replace(plan, host_envs=stack.n - 1)
     other = max(_estimate.data_held(stack, everything, workers.count, False)) + ahead
     return _plan.host_envs(_estimate.environments(stack, plan, workers.count), keep - other)
+
+
+#: Sites ahead of use a GPU worker reads inputs where environments go to its disk: the
+#: pinned memory of reads further ahead would send more of them there.
+_ENVS_FIRST = 2
 
 
 def _disk_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers) -> int:

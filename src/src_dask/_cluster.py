@@ -333,8 +333,12 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
     limit = int(getattr(manager, "memory_limit", None) or 0) or None
     keep = room = available = None
     if limit:  # data beyond the target is spilled, and beyond the spill threshold of
-        # the process's memory (what it holds besides counts too)
+        # the process's memory (what it holds besides counts too); dask-cuda's host
+        # buffer keeps data up to the whole limit, so there only the process's memory
+        # passing the spill threshold spills (down to the target)
         target = getattr(manager, "memory_target_fraction", False)
+        if _device_limit(getattr(dask_worker, "data", None)) is not None:
+            target = False
         spill = getattr(manager, "memory_spill_fraction", False)
         bounds = ([target * limit] if target else []) + ([spill * limit - rss] if spill else [])
         keep = max(0, int(min(bounds))) if bounds else None
