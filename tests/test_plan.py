@@ -576,3 +576,10 @@ def test_environments_host_memory_cannot_keep_go_to_disk(dm, pool_gb, host_gb):
     assert est.to_disk >= sum(envs[1:plan.disk_envs + 1]) == est.disk_env_bytes
     assert f"environments of sites 1-{plan.disk_envs} (" in str(est)
     assert "written to the workers' disk" in str(est)
+    # a disk without room for them: refused before any work (D_M=2000 on 8 GB of host
+    # memory writes 94 GB; the H200 machine's disk has 15 GB beside the inputs)
+    _api._check_spill_room(stack, plan, None, dataclasses.replace(
+        facts, disk_free=2 * est.to_disk, spill_dir="/w"), False)
+    with pytest.raises(OSError, match=r"/w: the workers would spill about .* but only"):
+        _api._check_spill_room(stack, plan, None, dataclasses.replace(
+            facts, disk_free=est.to_disk // 2, spill_dir="/w"), False)
