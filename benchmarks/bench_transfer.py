@@ -136,9 +136,9 @@ def _each_sync(client, protocol: str, sizes: list[int], repeats: int, busy: floa
                syncs: tuple[str, ...]) -> list[dict]:
     """:func:`transfers` once per wait of Dask's UCX comm in ``syncs``: ``device``
     (distributed-ucxx's own, the whole device) or ``stream`` (the default stream, as
-    src_dask sets it during a run: ``src_dask._cluster.ucx_waits_for_default_stream``);
+    src_dask sets it during a run: ``src_dask._ucx.ucx_waits_for_default_stream``);
     over another protocol once."""
-    from src_dask._cluster import ucx_waits_for_default_stream
+    from src_dask._ucx import ucx_waits_for_default_stream
 
     out = []
     for sync in syncs if protocol == "ucx" else ("device",):

@@ -18,6 +18,7 @@ from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err
 import src_dask
 from src_dask import _cluster as C
 from src_dask import _plan
+from src_dask import _ucx as U
 
 
 def test_cluster_without_gpu_is_a_cpu_local_cluster(tmp_path, monkeypatch):
@@ -197,6 +198,20 @@ def test_one_gpu_keeps_tcp_and_rmm_async(gpus, caplog, machine, options):
     assert not _warnings(caplog)
 
 
+def test_cluster_options_are_what_cluster_starts_with(gpus):
+    """``cluster_options`` gives the keyword arguments ``cluster`` hands to
+    ``LocalCUDACluster`` (to start one's own with); on CPU workers, ``LocalCluster``'s."""
+    kw = gpus(2)(device_memory_limit=0.6)
+    opts = src_dask.cluster_options(device_memory_limit=0.6, local_directory=kw["local_directory"])
+    assert opts.keys() == kw.keys()
+    assert {k: v for k, v in opts.items() if k != "security"} == \
+        {k: v for k, v in kw.items() if k != "security"}
+    assert opts["protocol"] == "ucx" and opts["rmm_pool_size"] == 0.6
+    cpu = src_dask.cluster_options(gpus=0, n_workers=2)
+    assert "device_memory_limit" not in cpu and not any(k.startswith("rmm_") for k in cpu)
+    assert cpu["host"] == "127.0.0.1" and cpu["n_workers"] == 2
+
+
 def test_gpus_picks_among_the_visible_devices(gpus, monkeypatch):
     """``gpus=2``: the first two visible (LocalCUDACluster's ``n_workers``, which takes
     them from CUDA_VISIBLE_DEVICES); ``gpus=[...]``: those devices."""
@@ -270,13 +285,13 @@ def fake_ucx_comm(monkeypatch):
 
 def test_ucx_comm_waits_for_the_default_stream_while_runs_want_it(fake_ucx_comm):
     comm, own = fake_ucx_comm, fake_ucx_comm.synchronize_stream
-    assert C._ucx_sync(1) and comm.synchronize_stream is C._default_stream_sync
-    assert C._ucx_sync(1) and C._ucx_sync(-1)  # two runs at once: the first one ends
-    assert comm.synchronize_stream is C._default_stream_sync
-    assert C._ucx_sync(-1) and comm.synchronize_stream is own  # the last: the comm's own
-    assert C._ucx_sync(-1) and comm.synchronize_stream is own  # never below none
-    assert C._ucx_sync(1) and comm.synchronize_stream is C._default_stream_sync
-    C._ucx_sync(-1)
+    assert U._ucx_sync(1) and comm.synchronize_stream is U._default_stream_sync
+    assert U._ucx_sync(1) and U._ucx_sync(-1)  # two runs at once: the first one ends
+    assert comm.synchronize_stream is U._default_stream_sync
+    assert U._ucx_sync(-1) and comm.synchronize_stream is own  # the last: the comm's own
+    assert U._ucx_sync(-1) and comm.synchronize_stream is own  # never below none
+    assert U._ucx_sync(1) and comm.synchronize_stream is U._default_stream_sync
+    U._ucx_sync(-1)
     comm.synchronize_stream()
     assert comm.device_syncs == 1
 
@@ -287,19 +302,19 @@ def test_ucx_comm_switch_runs_on_every_worker_and_back(fake_ucx_comm):
     with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
         with pytest.raises(RuntimeError, match="stop"), \
-                C.ucx_waits_for_default_stream(client, True):
+                U.ucx_waits_for_default_stream(client, True):
             assert fake_ucx_comm._src_dask_runs == 2  # both workers (one process here)
-            assert fake_ucx_comm.synchronize_stream is C._default_stream_sync
+            assert fake_ucx_comm.synchronize_stream is U._default_stream_sync
             raise RuntimeError("stop")
         assert fake_ucx_comm._src_dask_runs == 0
         assert fake_ucx_comm.synchronize_stream is fake_ucx_comm._src_dask_original_sync
-        with C.ucx_waits_for_default_stream(client, False):
+        with U.ucx_waits_for_default_stream(client, False):
             assert fake_ucx_comm._src_dask_runs == 0
 
 
 def test_without_distributed_ucxx_there_is_nothing_to_switch(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed_ucxx", None)  # import fails
-    assert C._ucx_sync(1) is False
+    assert U._ucx_sync(1) is False
 
 
 # -- examples/slurm/two_nodes_local.sh ------------------------------------------------------

@@ -418,9 +418,9 @@ def test_split_pass_2_over_ucx_waits_for_the_default_stream_only(two_gpus):
     def state():
         from distributed_ucxx import ucxx as comm
 
-        from src_dask import _cluster
+        from src_dask import _ucx
 
-        return (_cluster.stream_syncs, getattr(comm, "_src_dask_runs", None),
+        return (_ucx.stream_syncs, getattr(comm, "_src_dask_runs", None),
                 comm.synchronize_stream is getattr(comm, "_src_dask_original_sync", None))
 
     trains = (random_mpo(10, 4, seed=1), random_mpo(10, 3, seed=2),
@@ -581,9 +581,9 @@ with Client(scheduler_file=sys.argv[1], timeout="60s") as client:
             assert np.linalg.norm(y.to_dense() - d0) <= 1e2 * tol * np.linalg.norm(d0), name
 
     def syncs():
-        from src_dask import _cluster
+        from src_dask import _ucx
 
-        return _cluster.stream_syncs
+        return _ucx.stream_syncs
 
     if sys.argv[4:] != ["--no-ucx"]:  # the comm waited for the default stream only
         assert all(n > 0 for n in client.run(syncs).values())

@@ -11,14 +11,14 @@ import logging
 
 from . import problems
 from ._api import apply, compress, plan, src
-from ._cluster import cluster
+from ._cluster import cluster, cluster_options
 from ._estimate import RunPlan
 from ._overlap import distance
 from .storage import open, open_stack, save, save_stack
 from .trains import TensorTrain
 
-__all__ = ["RunPlan", "TensorTrain", "apply", "cluster", "compress", "distance", "open",
-           "open_stack", "plan", "problems", "save", "save_stack", "src"]
+__all__ = ["RunPlan", "TensorTrain", "apply", "cluster", "cluster_options", "compress",
+           "distance", "open", "open_stack", "plan", "problems", "save", "save_stack", "src"]
 __version__ = "0.1.0"
 
 logging.getLogger("src_dask").addHandler(logging.NullHandler())

@@ -33,11 +33,12 @@ from . import (
     _transfer,
     config,
 )
-from ._cluster import choose_device, ucx_waits_for_default_stream, worker_facts
+from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
 from ._runstore import Progress, RunStore
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
+from ._ucx import ucx_waits_for_default_stream
 from .trains import TensorTrain, as_train
 
 log = logging.getLogger("src_dask")

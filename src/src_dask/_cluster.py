@@ -39,7 +39,6 @@ The clusters src_dask starts (:func:`cluster`, and the command line's
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -48,7 +47,6 @@ import shutil
 import signal
 import socket
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -143,68 +141,6 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
     if 0 < fraction <= 1:
         return min(fraction, POOL_MAXIMUM), max(fraction, POOL_MAXIMUM)
     return limit, None
-
-
-# -- what Dask's UCX comm waits for -----------------------------------------------------
-#: The workers' count of the default-stream waits made for Dask's UCX comm (the tests
-#: read it to see that transfers took this path).
-stream_syncs = 0
-
-
-def _default_stream_sync(*_: Any) -> None:
-    """Wait for the work queued on the default CUDA stream of this thread's device (and
-    for nothing on non-blocking streams): what Dask's UCX comm says it needs before it
-    sends GPU data and after it receives them."""
-    global stream_syncs
-    import cupy
-
-    cupy.cuda.Stream.null.synchronize()
-    stream_syncs += 1
-
-
-def _ucx_sync(change: int) -> bool:
-    """On a worker: one run more (+1) or fewer (-1) that wants Dask's UCX comm to wait
-    for the default stream only; the comm's own wait (the whole device) is back once
-    no run wants that. False where the worker has no UCX comm (distributed-ucxx)."""
-    try:
-        from distributed_ucxx import ucxx as comm
-    except ImportError:
-        return False
-    if not hasattr(comm, "_src_dask_runs"):
-        comm._src_dask_original_sync = comm.synchronize_stream
-        comm._src_dask_runs = 0
-    comm._src_dask_runs = max(0, comm._src_dask_runs + change)
-    comm.synchronize_stream = (_default_stream_sync if comm._src_dask_runs
-                               else comm._src_dask_original_sync)
-    return True
-
-
-@contextlib.contextmanager
-def ucx_waits_for_default_stream(client: Any, on: bool) -> Iterator[None]:
-    """While the block runs (``on``: ``_plan.stream_sync`` decided it), the workers'
-    UCX comm waits for the default stream before it sends GPU data and after it
-    receives them, instead of for the whole device.
-
-    distributed-ucxx waits with ``cudaDeviceSynchronize`` on the worker's event loop,
-    though its comment asks only for the default stream: a transfer then waits for
-    every kernel the worker's other threads queued, and so does every message of that
-    worker meanwhile (in-run transfers at 2-8 GB/s where the idle link gives 170 GB/s,
-    docs/design.md §8). src_dask's tasks on several GPU workers run their kernels on a
-    non-blocking stream of their own and wait for them before they end, so the data
-    they hand to Dask are complete; the default stream covers Dask's own (RMM's
-    allocations, dask-cuda's unspilling)."""
-    if not on:
-        yield
-        return
-    client.run(_ucx_sync, 1)
-    try:
-        yield
-    finally:
-        try:
-            client.run(_ucx_sync, -1, on_error="ignore")
-        except Exception as err:  # noqa: BLE001 - a closed client must not hide the run's end
-            log.warning("src: the workers' UCX comm keeps waiting for the default stream "
-                        "only (could not reach them to undo it: %s)", err)
 
 
 def _transport(workers: int, protocol: str | None, security: Any, device_memory_limit: Any,
@@ -450,15 +386,28 @@ def _preloads(kwargs: dict[str, Any]) -> list[str]:
     return given if _PRELOAD in given else [*given, _PRELOAD]
 
 
-def start_local(cls: Any, *, host: str | None = LOOPBACK,
-                dashboard_address: str | None = DEFAULT, security: Any = None,
-                protocol: str | None = None, **kwargs: Any) -> Any:
-    """``cls(**kwargs)`` (``LocalCluster`` or ``LocalCUDACluster``), private by
-    default (see the module docstring): listening on ``host`` (loopback), over TCP
-    (TLS where ``security`` requires encryption; also in one process, where
-    ``LocalCluster`` would talk in-process and open no port for other clients), the
-    dashboard on ``dashboard_address`` (``host:8787`` by default), worker processes
-    that do not take SIGINT, a Ctrl-C while it starts closing it again."""
+def start_local(cls: Any, **options: Any) -> Any:
+    """``cls(**options)`` (``LocalCluster`` or ``LocalCUDACluster``) with the network
+    defaults of :func:`local_options`, its worker processes not taking SIGINT, and a
+    Ctrl-C while it starts closing it again."""
+    with sigint_deferred() as interrupted:
+        started = cls(**local_options(**options))
+    if interrupted():  # Ctrl-C while it started: close it again, then interrupt
+        with quiet_logs():
+            started.close()
+        raise KeyboardInterrupt
+    return started
+
+
+def local_options(*, host: str | None = LOOPBACK, dashboard_address: str | None = DEFAULT,
+                  security: Any = None, protocol: str | None = None,
+                  **kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` with the defaults that keep a local cluster private (see the module
+    docstring): listening on ``host`` (loopback), over TCP (TLS where ``security``
+    requires encryption; also in one process, where ``LocalCluster`` would talk
+    in-process and open no port for other clients), the dashboard on
+    ``dashboard_address`` (``host:8787`` by default), this module among the worker
+    processes' preloads."""
     from distributed import Security
     from distributed.comm.addressing import unparse_host_port
 
@@ -471,14 +420,8 @@ def start_local(cls: Any, *, host: str | None = LOOPBACK,
         dashboard_address = unparse_host_port(host, 8787)
     if kwargs.get("processes", True):
         kwargs["preload"] = _preloads(kwargs)
-    with sigint_deferred() as interrupted:
-        started = cls(host=host, dashboard_address=dashboard_address, security=security,
-                      protocol=protocol, **kwargs)
-    if interrupted():  # Ctrl-C while it started: close it again, then interrupt
-        with quiet_logs():
-            started.close()
-        raise KeyboardInterrupt
-    return started
+    return {"host": host, "dashboard_address": dashboard_address, "security": security,
+            "protocol": protocol, **kwargs}
 
 
 def _workers(kwargs: dict[str, Any]) -> int:
@@ -491,103 +434,92 @@ def _workers(kwargs: dict[str, Any]) -> int:
     return len(visible.split(",") if isinstance(visible, str) else list(visible))
 
 
-def cluster(gpus: int | list[int] | None = None,
-            device_memory_limit: str | float = DEVICE_MEMORY_LIMIT,
-            memory_limit: str | float = "auto", local_directory: str | None = None,
-            protocol: str | None = None, host: str = LOOPBACK,
-            dashboard_address: str | None = DEFAULT, security: Any = None, **kwargs: Any):
-    """A local Dask cluster for src: one worker per GPU, or a CPU cluster.
+def cluster_options(gpus: int | list[int] | None = None,
+                    device_memory_limit: str | float = DEVICE_MEMORY_LIMIT,
+                    memory_limit: str | float = "auto", local_directory: str | None = None,
+                    protocol: str | None = None, host: str = LOOPBACK,
+                    dashboard_address: str | None = DEFAULT, security: Any = None,
+                    **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments :func:`cluster` starts its cluster with: for
+    ``dask_cuda.LocalCUDACluster`` where the workers use GPUs (the dict then has
+    ``device_memory_limit``), else for ``distributed.LocalCluster`` — src_dask's
+    measured choices, to start a cluster of one's own with.
 
     Parameters
     ----------
     gpus
-        How many GPUs (an int) or which ones (a list of device ids); all
-        visible GPUs by default (a CPU cluster where there is none). 0: a CPU
-        ``LocalCluster`` whatever the machine has. GPUs asked for on a machine
-        without a usable one are a ``ValueError``.
+        How many GPUs (an int: the first ones visible) or which ones (a list of
+        device ids); all visible GPUs by default (a CPU cluster where there is none).
+        0: CPU workers whatever the machine has. GPUs asked for on a machine without a
+        usable one are a ``ValueError``.
     device_memory_limit
-        Device memory a worker fills with stored data before spilling to host
-        memory (bytes, a string such as ``"40GB"``, or a fraction of the device).
-        0.7 by default (dask-cuda's is 0.8): the rest is for the tasks, which
-        src_dask sizes to fit it; less room makes smaller, slower tasks.
+        Device memory a worker fills with stored data before spilling to host memory
+        (bytes, a string such as ``"40GB"``, or a fraction of the device). 0.7 by
+        default (dask-cuda's is 0.8): the rest is for the tasks, which src_dask sizes
+        to fit it; less room makes smaller, slower tasks.
     memory_limit
         Host memory per worker before spilling to ``local_directory``.
     local_directory
-        Under which directory workers spill to disk: they get a fresh
-        subdirectory of it that only you can enter (mode 0700), removed with
-        the cluster. Dask's ``temporary-directory`` or the system's temporary
-        directory by default.
+        Under which directory workers spill to disk (each in a fresh subdirectory
+        that only you can enter, removed with the worker).
     protocol
-        How scheduler, workers and client talk. By default ``"ucx"`` with
-        several GPUs (UCX moves CuPy blocks between GPUs over NVLink or
-        InfiniBand; needs ``distributed-ucxx`` and ``rmm``, both in the ``gpu``
-        extra: without them, ``"tcp"`` and a WARNING saying what to install),
-        ``"tcp"`` with one GPU or none, and ``"tls"`` whenever ``security``
-        requires encryption (UCX cannot encrypt: ``"ucx"`` with such a
-        ``security`` is a ``ValueError``). A protocol given here is used as given.
+        By default ``"ucx"`` with several GPUs (needs ``distributed-ucxx`` and
+        ``rmm``, both in the ``gpu`` extra; without them ``"tcp"`` and a WARNING),
+        ``"tcp"`` with one GPU or none, and ``"tls"`` whenever ``security`` requires
+        encryption (``"ucx"`` with such a ``security`` is a ``ValueError``).
     host
-        The address scheduler and workers listen on: the loopback interface by
-        default, so nothing outside this machine can connect (other users of
-        this machine can); ``"0.0.0.0"`` (or an interface's address) opens them
-        — with ``security=``, since anyone who can reach a plain-TCP scheduler
-        can run code as you. UCX listens on every interface whatever ``host``
-        says (it is only the address it advertises), without authentication:
-        where other machines can reach this one, pass ``protocol="tcp"`` (or a
-        ``security``) to keep the cluster private.
+        The address scheduler and workers listen on: loopback by default. UCX
+        listens on every interface whatever ``host`` says, without authentication.
     dashboard_address
-        Where the dashboard listens (``"host:port"``; port 0 for any free
-        one); ``host:8787`` by default, None for no dashboard.
+        ``"host:port"`` (port 0: any free one); ``host:8787`` by default, None for none.
     security
-        A ``distributed.Security`` for TLS between client, scheduler and workers
-        (``Security.temporary()`` for a throwaway one); by default what Dask
-        config (``distributed.comm.tls``) holds.
+        A ``distributed.Security`` for TLS (``Security.temporary()`` for a throwaway
+        one); by default what Dask config (``distributed.comm.tls``) holds.
     kwargs
-        Passed on to ``LocalCUDACluster`` (or ``LocalCluster``), e.g. the
-        ``rmm_*`` options below, which then replace src_dask's choice.
-
-    Notes
-    -----
-    Memory: CuPy allocations go through RMM
-    (``rmm_allocator_external_lib_list=["cupy"]``) when ``rmm`` is installed. Over UCX
-    each worker gets an RMM pool (``rmm_async=False``; ``rmm_pool_size``,
-    ``rmm_maximum_pool_size`` from :func:`rmm_pool`: it starts as large as
-    ``device_memory_limit`` and may grow to 90 % of the device); otherwise RMM's
-    asynchronous allocator (``rmm_async=True``), which reuses memory freed by one task
-    for the next without synchronizing the device.
-
-    Why UCX with a pool: a 1–4 GB CuPy block moved between the two dask-cuda
-    workers of two H200s on NVLink (2026-11-30) at 0.43–1.32 GB/s over TCP and
-    0.27–0.41 GB/s over UCX with the asynchronous allocator, but at 63–189 GB/s
-    over UCX with a pool, after a first transfer at 0.6 GB/s: UCX's CUDA IPC
-    maps a pool's memory into the other process once, and memory that the
-    asynchronous allocator hands out takes a slow path.
+        Passed on as given, e.g. ``rmm_*`` options, which replace src_dask's choice:
+        CuPy allocates through RMM where ``rmm`` imports; over UCX each worker gets an
+        RMM pool (:func:`rmm_pool`: it starts at ``device_memory_limit`` and may grow
+        to 90 % of the device), since UCX moves a pool's blocks between GPUs at NVLink
+        speed; otherwise RMM's asynchronous allocator. docs/gpus.md has the numbers.
     """
     network = {"host": host, "dashboard_address": dashboard_address, "security": security,
-               "protocol": protocol, "local_directory": local_directory}
+               "protocol": protocol, "local_directory": local_directory,
+               "memory_limit": memory_limit}
     if gpus == 0 or (gpus is None and not has_gpu()):
-        from distributed import LocalCluster
-
         if gpus is None:
             log.info("cluster: no GPU found; starting a CPU LocalCluster")
         kwargs.setdefault("threads_per_worker", 1)
-        return start_local(LocalCluster, memory_limit=memory_limit, **network, **kwargs)
+        return local_options(**network, **kwargs)
     if not has_gpu():
         raise ValueError(f"cluster: gpus={gpus!r}, but there is no usable GPU here (CuPy "
                          "and a CUDA device); gpus=0 starts CPU workers")
-    from dask_cuda import LocalCUDACluster
     from distributed import Security
 
     # A few threads per GPU: while one launches kernels, others read and copy inputs.
     kwargs.setdefault("threads_per_worker", 4)
-
     if isinstance(gpus, int):  # the first ones visible, as LocalCUDACluster takes them
         kwargs["n_workers"] = gpus
     elif gpus is not None:
         kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    if security is None:
-        security = Security()  # what Dask config (distributed.comm.tls) says
-    network["security"] = security
+    network["security"] = security = Security() if security is None else security
     network["protocol"] = _transport(_workers(kwargs), protocol, security,
                                      device_memory_limit, host or LOOPBACK, kwargs)
-    return start_local(LocalCUDACluster, device_memory_limit=device_memory_limit,
-                       memory_limit=memory_limit, **network, **kwargs)
+    return local_options(device_memory_limit=device_memory_limit, **network, **kwargs)
+
+
+def cluster(gpus: int | list[int] | None = None, **options: Any) -> Any:
+    """A local Dask cluster for src: one ``dask_cuda.LocalCUDACluster`` worker per GPU,
+    or a CPU ``LocalCluster``, private by default (see the module docstring), with
+    the options of :func:`cluster_options` (which takes the same arguments).
+
+    >>> import src_dask
+    >>> from distributed import Client
+    >>> with src_dask.cluster(gpus=0, n_workers=1) as c, Client(c) as client:  # doctest: +SKIP
+    ...     y = src_dask.src(*trains, chi_out=64, client=client)
+    """
+    opts = cluster_options(gpus, **options)
+    if "device_memory_limit" in opts:
+        from dask_cuda import LocalCUDACluster as cls
+    else:
+        from distributed import LocalCluster as cls
+    return start_local(cls, **opts)

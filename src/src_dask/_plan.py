@@ -575,7 +575,7 @@ def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> boo
     whole device (config ``ucx-sync``: ``stream``, the default, or ``device``): on
     several GPU workers talking UCX, where every task waits for its own kernels
     (:func:`own_streams`), so nothing Dask sends is still being computed
-    (``_cluster.ucx_waits_for_default_stream`` says why it matters)."""
+    (``_ucx`` says why it matters)."""
     want = config.get_choice("ucx-sync", ("stream", "device"))
     workers = tuple(workers or ())
     return want == "stream" and own_streams(device, workers) and _over_ucx(workers)
