@@ -68,12 +68,21 @@ def rmm_options(rmm: str, device_memory_limit: Any = 0.7) -> dict[str, Any]:
     if rmm == "async":
         return {"rmm_async": True, "rmm_pool_size": None}
     try:
-        from src_dask._cluster import rmm_pool
-    except ImportError:
+        size, maximum = _ucx_pool(device_memory_limit)
+    except (AttributeError, KeyError, ValueError):  # an older src_dask, no GPU, no RMM
         return {"rmm_async": False, "rmm_pool_size": "16GB"}
-    size, maximum = rmm_pool(device_memory_limit)
     return {"rmm_async": False, "rmm_pool_size": size,
             **({"rmm_maximum_pool_size": maximum} if maximum is not None else {})}
+
+
+def _ucx_pool(device_memory_limit: str) -> tuple[object, object]:
+    """``(rmm_pool_size, rmm_maximum_pool_size)`` that ``src_dask.cluster`` gives a GPU
+    worker under UCX spilling at ``device_memory_limit`` (None: dask-cuda's maximum)."""
+    import src_dask
+
+    opts = src_dask.cluster_options(gpus=1, protocol="ucx",
+                                    device_memory_limit=device_memory_limit)
+    return opts["rmm_pool_size"], opts.get("rmm_maximum_pool_size")
 
 
 def _fraction(limit: str) -> float | None:
@@ -110,9 +119,7 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
 
         command += ["--set-rmm-allocator-for-libs", "cupy"]
         if args.rmm == "pool":  # each worker's pool its share of what one GPU's would be
-            from src_dask._cluster import rmm_pool
-
-            size, maximum = rmm_pool(_fraction(args.device_memory_limit) or "default")
+            size, maximum = _ucx_pool(_fraction(args.device_memory_limit) or "default")
             command += ["--no-rmm-async", "--rmm-pool-size", str(size / n_workers),
                         "--rmm-maximum-pool-size", str(maximum / n_workers)]
         else:

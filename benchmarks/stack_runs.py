@@ -45,13 +45,18 @@ class _KeptInputs(logging.Handler):
         log.setLevel(self.level_before)
 
 
+def _has_bokeh() -> bool:
+    """Whether bokeh (which Dask's performance report needs) imports here."""
+    import importlib.util
+
+    return importlib.util.find_spec("bokeh") is not None
+
+
 def _report_path(args, client, n_workers: int, mode: str) -> str | None:
     """Where Dask's performance report of the (last) timed call goes, if anywhere."""
-    from src_dask._progress import has_bokeh
-
     if args.report is None:
         return None
-    if client.run_on_scheduler(has_bokeh):
+    if client.run_on_scheduler(_has_bokeh):
         return str(args.report.with_name(f"{args.report.stem}_w{n_workers}_{mode}.html"))
     warnings.warn("--report: no bokeh on the scheduler, so no performance report "
                   "(the UCX wheel set leaves bokeh out)", stacklevel=1)
