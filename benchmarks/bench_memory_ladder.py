@@ -209,7 +209,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             entry["refused"] = str(err)
             print(f"cap {cap_gb} GB: the plan refuses it: {err}")
             return entry, None
-        entry["plan"] = {"peak_device": plan.peak_device, "peak_host": plan.peak_host,
+        entry["plan"] = {"peak_device": plan.peak_device, "peak_arrays": plan.peak_arrays,
+                         "peak_host": plan.peak_host,
                          "device_limit": plan.device_limit, "chunk": plan.chunk,
                          "z_blocks_max": max(plan.z_blocks), "task_bytes": plan.task_bytes,
                          "text": str(plan)}
@@ -236,7 +237,9 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                              "peak_host_rss": peak.peak.get("host_rss"),
                              "stored_peak": held.peak}
         if counted:  # what the arrays took at most, against what the pool reserved
-            entry["measured"]["rmm_allocated_peak"] = max(client.run(_allocated_peak).values())
+            arrays = max(client.run(_allocated_peak).values())
+            entry["measured"]["rmm_allocated_peak"] = arrays
+            entry["arrays_measured_over_planned"] = arrays / plan.peak_arrays
         if plan.peak_device:
             entry["device_peak_measured_over_planned"] = (
                 (peak.peak.get("device_used", 0) - idle.baseline.get("device_used", 0))

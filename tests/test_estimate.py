@@ -220,3 +220,51 @@ def test_a_gpu_worker_counts_its_pinned_reads_of_lazy_inputs_in_host_memory():
             ahead = _estimate.inputs_in_flight(stack, sweep.lookahead)
     assert peaks["lazy", "gpu"].peak_host == peaks["eager", "gpu"].peak_host + 2 * ahead
     assert peaks["lazy", "cpu"].peak_host == peaks["eager", "cpu"].peak_host
+
+
+@pytest.mark.parametrize("start, most, arrays, expected", [
+    (16, 24, 5, 16),        # far below where the pool starts: the pool's first size
+    (16, 24, 15.08, 20),    # within the headroom of it: grown by half of what it may grow
+    (16, 24, 20.5, 20.5),   # past that: as far as the arrays need
+    (8, 12, 9.74, 10),
+    (32, 48, 42.6, 42.6),
+    (None, 24, 15.08, 15.08),  # RMM's asynchronous allocator (no pool): the arrays
+])
+def test_an_rmm_pool_that_grows_is_counted_as_rmm_grows_it(start, most, arrays, expected):
+    """A GPU worker whose arrays live in an RMM pool that starts at ``start`` GB and may
+    grow to ``most``: the device memory it takes is the pool's size, which RMM grows by
+    half of what it may still grow (or as far as an allocation needs) once the arrays
+    come within the headroom of it; the memory ladder's capped rungs (benchmarks/
+    README.md) measured 0.94-1.12x of these sizes (24 GB at D_M=2000: 20 GB planned,
+    21.25 measured, where the arrays' own peak was planned at 15.08)."""
+    from src_dask import _estimate, _plan
+
+    G = 10**9
+    workers = _plan.Workers(count=1, threads=4, rss=0, host_limit=None, keep=None,
+                            device_memory=most * G,
+                            device_pool=None if start is None else start * G)
+    assert _estimate.pool_size(int(arrays * G), workers) == pytest.approx(expected * G, rel=1e-6)
+    assert _estimate.pool_size(int(arrays * G), workers) <= _estimate.usable_device(workers)
+
+
+def test_a_dask_cuda_worker_tells_where_its_rmm_pool_starts(monkeypatch):
+    """dask-cuda's RMMSetup plugin keeps the pool's initial size (bytes, after its
+    setup); RMM's asynchronous allocator is no pool that grows."""
+    from types import SimpleNamespace
+
+    from src_dask import _cluster
+
+    class RMMSetup:  # the name dask_cuda.plugins gives it
+        def __init__(self, start, async_alloc):
+            self.initial_pool_size, self.async_alloc = start, async_alloc
+            self.maximum_pool_size = 24 * 10**9
+
+    monkeypatch.setattr(_cluster, "_memory", lambda device, dask_worker=None: 140 * 10**9)
+
+    def facts(plugin):
+        worker = SimpleNamespace(plugins={"rmm": plugin}, data={}, memory_manager=None)
+        return _cluster._facts("gpu", dask_worker=worker)
+
+    assert facts(RMMSetup(16 * 10**9, False))["device_pool"] == 16 * 10**9
+    assert facts(RMMSetup(16 * 10**9, True))["device_pool"] is None
+    assert facts(RMMSetup(None, False))["device_pool"] is None

@@ -250,7 +250,8 @@ def worker_facts(client: Any, device: str) -> Workers:
     return Workers(count=len(facts), threads=max(1, threads),
                    rss=max(f["rss"] for f in facts), host_limit=smallest("host_limit"),
                    keep=smallest("keep"), device_limit=smallest("device_limit"),
-                   device_memory=smallest("device_memory"), room=smallest("room"),
+                   device_memory=smallest("device_memory"),
+                   device_pool=smallest("device_pool"), room=smallest("room"),
                    available=smallest("available"), memory=smallest("memory"),
                    in_client=all(f["in_client"] for f in facts),
                    disk_free=busiest[0]["disk_free"] if busiest else None,
@@ -281,8 +282,9 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         room = _below_pause(manager, limit, rss)
     else:
         available = int(psutil.virtual_memory().available)
-    device_limit = device_memory = None
+    device_limit = device_memory = start = None
     if device == "gpu":
+        start = _rmm_pool_start(dask_worker)
         device_memory = _memory("gpu")
         pool = _rmm_maximum(dask_worker)
         if device_memory and pool:  # all the worker's arrays may get
@@ -299,7 +301,7 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
             "in_client": dask_worker is not None and os.getpid() == client_pid,
             "memory": device_memory if device == "gpu" else _memory("cpu", dask_worker),
             "device_limit": int(device_limit) if device_limit else None,
-            "device_memory": device_memory}
+            "device_memory": device_memory, "device_pool": start}
 
 
 def _disk(path: str) -> tuple[int, int] | None:
@@ -347,6 +349,18 @@ def _rmm_maximum(dask_worker: Any) -> int | None:
             maximum = getattr(plugin, "maximum_pool_size", None)
             if isinstance(maximum, int) and maximum > 0:
                 return maximum
+    return None
+
+
+def _rmm_pool_start(dask_worker: Any) -> int | None:
+    """Where a dask-cuda worker's RMM pool starts (bytes; dask-cuda's ``rmm_pool_size``),
+    if its memory resource is a pool (not RMM's asynchronous allocator): it grows from
+    there as its arrays need (``_estimate.pool_size``)."""
+    for plugin in getattr(dask_worker, "plugins", {}).values():
+        if type(plugin).__name__ == "RMMSetup" and not getattr(plugin, "async_alloc", True):
+            start = getattr(plugin, "initial_pool_size", None)
+            if isinstance(start, int) and start > 0:
+                return start
     return None
 
 

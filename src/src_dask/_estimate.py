@@ -36,7 +36,9 @@ class RunPlan:
 
     Bytes are per worker unless named otherwise; ``peak_host`` is the resident
     memory its process is expected to reach (with what it holds already),
-    ``peak_device`` the device memory its arrays reach on a GPU run (None on a CPU).
+    ``peak_device`` the device memory it takes on a GPU run (None on a CPU): what its
+    arrays reach, or, in an RMM pool that grows, the pool's size then
+    (:func:`pool_size`); ``peak_arrays`` what its arrays reach.
     ``str()`` gives a readable summary.
     """
 
@@ -57,6 +59,7 @@ class RunPlan:
     tasks: int
     peak_host: int
     peak_device: int | None
+    peak_arrays: int | None
     spilled: int  # environment bytes a worker is expected to spill (to host or disk)
     to_disk: int = 0  # of which beyond its host memory: to its local directory's disk
     host_limit: int | None = None
@@ -98,6 +101,9 @@ class RunPlan:
             + ("; projected cores made twice, not kept" if self.reproject else ""),
             f"  peak per worker: host {b(self.peak_host)}{limit(self.host_limit)}"
             + (f", device {b(self.peak_device)}{limit(self.device_memory)}"
+               + (f" (its RMM pool; arrays {b(self.peak_arrays)})"
+                  if self.peak_arrays is not None and self.peak_arrays != self.peak_device
+                  else "")
                + (f", data spilled beyond {b(self.device_limit)}" if self.device_limit else "")
                if self.peak_device is not None else "")
             + (f"; spills about {b(self.spilled)}" if self.spilled else "")
@@ -163,12 +169,32 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round, _projected_again(sweep)),
         tasks=tasks,
-        peak_host=int(peak_host), peak_device=int(peak_device) if plan.device == "gpu" else None,
+        peak_host=int(peak_host),
+        peak_device=pool_size(int(peak_device), workers) if plan.device == "gpu" else None,
+        peak_arrays=int(peak_device) if plan.device == "gpu" else None,
         spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
         device_limit=workers.device_limit, device_memory=usable, where=where,
         host_envs=plan.host_envs, host_env_bytes=int(on_host[0]),
         disk_envs=plan.disk_envs, disk_env_bytes=int(on_disk[0]),
         reproject=any(step.reproject for step in sweep.steps if step))
+
+
+def pool_size(arrays: int, workers: Workers) -> int:
+    """The device memory a GPU worker takes when its arrays reach ``arrays`` bytes: that,
+    or where they live in an RMM pool that starts at ``Workers.device_pool`` and may
+    grow to ``Workers.device_memory``, the pool's size. RMM grows a pool by half of what
+    it may still grow (or by what an allocation needs, if more), and it grows once the
+    arrays come within ``device-headroom`` of its size (blocks it cannot place between
+    those it holds): on the memory ladder of benchmarks/README.md the pool measured
+    0.94-1.12x of this, where the arrays' peak alone was 0.75x of it (D_M=2000, 24 GB
+    pool: arrays 16.0 GB of a 16 GB pool that grew to 20)."""
+    start, most = workers.device_pool, workers.device_memory
+    if not start or not most or start >= most:
+        return arrays
+    if arrays + config.get("device-headroom") * most <= start:
+        return start
+    usable = usable_device(workers) or most
+    return int(max(arrays, min(usable, start + max(arrays - start, (most - start) / 2))))
 
 
 def _projected_again(sweep: SweepPlan) -> dict[int, int]:

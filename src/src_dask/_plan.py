@@ -253,7 +253,8 @@ class Workers:
     host_limit: int | None  # its memory limit (None: not limited)
     keep: int | None  # bytes of data Dask keeps in its memory before spilling
     device_limit: int | None = None  # a GPU worker's device memory limit (dask-cuda's)
-    device_memory: int | None = None  # its GPU's memory
+    device_memory: int | None = None  # its GPU's memory (or what its RMM pool may grow to)
+    device_pool: int | None = None  # where its RMM pool starts, if it has one that grows
     room: int | None = None  # what its tasks may use at once below its pause threshold
     available: int | None = None  # memory the machine has available (no limit)
     memory: int | None = None  # its memory for arrays: the GPU's, else its limit or total
