@@ -136,3 +136,17 @@ def test_out_of_core_run_store_and_resume(ooc, tmp_path, capsys):
     assert written() == before
     for c, c2 in zip(y, again["result"], strict=True):
         np.testing.assert_array_equal(np.asarray(c), np.asarray(c2))
+
+
+# -- evolution_on_a_cluster.py -----------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_evolution_on_a_cluster_keeps_the_state_there_and_agrees_with_quimb(capsys):
+    """The loop of persisted steps on a Client gives quimb's state (both exact here: the
+    bonds stay below chi_out) and prints the times per step of both."""
+    pytest.importorskip("quimb")
+    example = _example("evolution_on_a_cluster.py")
+    out = example["main"](["--sites", "8", "--chi-out", "16", "--steps", "3",
+                           "--workers", "1"])
+    assert out["infidelity_vs_quimb"] < 1e-10
+    assert max(out["bonds"]) <= 16 and out["src_dask_seconds_per_step"] > 0
+    assert "a step" in capsys.readouterr().out
