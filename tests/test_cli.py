@@ -546,3 +546,30 @@ def test_the_run_line_names_the_product(problem, tmp_path, capsys):
     assert main(["run", str(a), str(a), "--chi-out", "6", "--seed", "1",
                  "--out", str(tmp_path / "aa")]) == 0
     assert capsys.readouterr().out.startswith(f"wrote mpo (MPO·MPO, ket) to {tmp_path / 'aa'}:")
+
+
+def test_distance_and_run_check_print_the_error_of_a_result(problem, tmp_path, capsys):
+    """``run --check`` and ``distance RESULT TRAIN...`` print the relative error that
+    ``src_dask.distance`` gives; factors that do not match the result are an error."""
+    a, x = problem
+    out = tmp_path / "y.zarr"
+    assert main(["run", str(a), str(x), "--chi-out", "4", "--seed", "1", "--out", str(out),
+                 "--check"]) == 0
+    line = capsys.readouterr().out
+    expected = src_dask.distance(src_dask.open(str(out)), src_dask.open(str(a)),
+                                 src_dask.open(str(x)))
+    assert 1e-3 < expected < 1  # chi_out 4 of a product of bond 36: truncated
+    assert line.rstrip().endswith(f"; relative error {expected:.3e}")
+    assert main(["distance", str(out), str(a), str(x)]) == 0
+    assert capsys.readouterr().out.strip() == \
+        f"{out} against MPO·MPS: relative error {expected:.3e}"
+    assert main(["distance", str(out), str(a)]) == 1  # an MPO is not the result's kind
+    assert "distance" in error_line(capsys)
+
+
+def test_plan_on_a_local_cluster_opens_no_dashboard(problem, capsys):
+    """``plan`` starts workers only to ask them what they have: no dashboard to watch."""
+    a, x = problem
+    assert main(["plan", str(a), str(x), "--chi-out", "4", "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("SRC plan:") and "dashboard" not in captured.err
