@@ -573,3 +573,36 @@ def test_plan_on_a_local_cluster_opens_no_dashboard(problem, capsys):
     assert main(["plan", str(a), str(x), "--chi-out", "4", "--workers", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("SRC plan:") and "dashboard" not in captured.err
+
+
+@pytest.mark.timeout(60)
+def test_help_and_info_import_no_array_library(problem):
+    """``--help`` imports neither NumPy nor Dask's arrays, and ``info`` not Dask's arrays
+    (with pandas and xarray, which they pull in, the import is most of a second)."""
+    import subprocess
+    import sys
+
+    a, _ = problem
+    code = ("import sys, contextlib, io\n"
+            "from src_dask._cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            "        main(sys.argv[1:])\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted({'numpy', 'dask.array'} & set(sys.modules)))\n")
+    for argv, loaded in ((["--help"], "[]"), (["run", "--help"], "[]"),
+                         (["info", str(a)], "['numpy']")):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert out == loaded, (argv, out)
+
+
+def test_the_command_lines_lists_are_the_librarys():
+    """The dtypes and problem kinds the parser offers (written out, so that ``--help``
+    needs no library import) are the library's."""
+    from src_dask import _cli, problems
+    from src_dask.trains import SUPPORTED_DTYPES
+
+    assert _cli.DTYPES == tuple(t.name for t in SUPPORTED_DTYPES)
+    assert _cli.KINDS == tuple(problems.SPEC_DEFAULTS)

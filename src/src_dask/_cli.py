@@ -16,22 +16,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-from dask.utils import format_bytes
-
-from . import problems, storage
 from ._signals import forget, local_client
 from .errors import OverwriteNeededError, StoreError
-from .trains import SUPPORTED_DTYPES
 
+# The library (Dask's arrays, NumPy) is imported by the commands that use it, so that
+# --help answers at once; these lists are the library's (tests/test_cli.py checks them).
 PROG = "src-dask"
-DTYPES = tuple(t.name for t in SUPPORTED_DTYPES)
+DTYPES = ("float32", "float64", "complex64", "complex128")  # trains.SUPPORTED_DTYPES
+KINDS = ("mps", "mpo", "stack", "heisenberg", "ising")  # problems.SPEC_DEFAULTS
 
 
 class CLIError(Exception):
@@ -116,6 +115,8 @@ def _check_out(path: str, overwrite: bool, **checks: Any) -> None:
     """Refuse, before any work, an output path that ``storage.save`` would not write:
     something there without ``--overwrite``, or anything src_dask did not write
     (``checks``: what else ``storage.check_writable`` checks)."""
+    from . import storage
+
     if os.path.lexists(path) and not overwrite:
         raise CLIError(f"{path}: already exists; pass --overwrite to replace it")
     storage.check_writable(path, overwrite=True, **checks)
@@ -211,7 +212,7 @@ def demo(args: argparse.Namespace) -> int:
                                client=client)
             dt = time.perf_counter() - t0
             diff = y.norm() ** 2 + exact.norm() ** 2 - 2 * y.vdot(exact).real
-            err = np.sqrt(max(diff, 0.0)) / exact.norm()
+            err = math.sqrt(max(diff, 0.0)) / exact.norm()
             out.write(f"chi_out={args.chi_out:<4d} oversample={oversample!s:<5} "
                       f"relative error {err:.3e}   time {dt:6.2f} s\n")
         if args.wait:
@@ -222,6 +223,8 @@ def demo(args: argparse.Namespace) -> int:
 # -- generate ----------------------------------------------------------------------------
 def _generate_spec(args: argparse.Namespace) -> dict[str, Any]:
     """The kind's options (``problems.spec``); one that does not apply is a usage error."""
+    from . import problems
+
     given = {name: getattr(args, name) for name in problems.SPEC_OPTIONS}
     try:
         return problems.spec(args.kind, **{k: v for k, v in given.items() if v is not None})
@@ -232,6 +235,10 @@ def _generate_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def generate(args: argparse.Namespace) -> int:
     """Write a reference problem to ``args.path`` (a stack: one train per factor)."""
+    from dask.utils import format_bytes
+
+    from . import problems, storage
+
     spec = _generate_spec(args)
     if spec.get("sites", 2) < 2:
         args.parser.error(f"--sites: a train needs at least 2 sites, got {spec['sites']}")
@@ -256,6 +263,8 @@ def generate(args: argparse.Namespace) -> int:
 def _open_inputs(paths: Sequence[str]) -> list[Any]:
     """The saved trains at ``paths`` (``storage.open_trains``: a stack expands to its
     factors), lazily: nothing is read yet."""
+    from . import storage
+
     try:
         return storage.open_trains(*paths)
     except StoreError as err:
@@ -268,7 +277,8 @@ def _open_inputs(paths: Sequence[str]) -> list[Any]:
 def _compute_client(args: argparse.Namespace, dashboard: bool = True) -> Iterator[Any]:
     """The ``distributed.Client`` that ``run`` computes on, or None for Dask's
     threaded scheduler in this process; ``dashboard``: a local cluster's dashboard
-    (and its address on stderr), else none (``plan`` computes nothing to watch)."""
+    address on stderr (``plan`` computes nothing to watch: it says none). Not None
+    for none: the scheduler's HTTP server would then take port 8787 all the same."""
     if args.scheduler_file is not None:
         from distributed import Client
 
@@ -289,8 +299,7 @@ def _compute_client(args: argparse.Namespace, dashboard: bool = True) -> Iterato
         options: dict[str, Any] = {"memory_limit": args.memory_limit,
                                    "local_directory": args.local_directory,
                                    "host": args.host, "security": args.security,
-                                   "dashboard_address": unparse_host_port(args.host, 0)
-                                   if dashboard else None}
+                                   "dashboard_address": unparse_host_port(args.host, 0)}
         if args.gpus is not None:
             options.update(gpus=args.gpus, protocol=args.protocol)
         else:
@@ -339,7 +348,11 @@ def _log_to_stderr(enabled: bool = True) -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     """SRC on saved trains; the result written to ``args.out`` (atomically)."""
+    from dask.utils import format_bytes
+
     import src_dask
+
+    from . import storage
 
     _check_local_options(args)
     args.security = _security(args)  # usage errors first
@@ -421,6 +434,8 @@ def plan(args: argparse.Namespace) -> int:
 # -- info -------------------------------------------------------------------------------------
 def info(args: argparse.Namespace) -> int:
     """Describe a saved train, a stack of trains, or a run store (``storage.describe``)."""
+    from . import storage
+
     if not os.path.exists(args.path):
         raise CLIError(f"{args.path}: no such file or directory")
     data = storage.describe(args.path)
@@ -496,7 +511,7 @@ def _add_generate(sub: Any, common: argparse.ArgumentParser) -> None:
             "Spin operators are S = sigma/2. Random problems are the same for the same "
             "options and seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 "
             "(12 GB); complex128 for random problems, float64 for Hamiltonians."))
-    p.add_argument("kind", choices=list(problems.SPEC_DEFAULTS), metavar="KIND",
+    p.add_argument("kind", choices=KINDS, metavar="KIND",
                    help="mps, mpo, stack, heisenberg or ising")
     p.add_argument("path", metavar="PATH", help="where to write (a Zarr group)")
     p.add_argument("--sites", type=_positive_int, metavar="N", help="number of sites (default 50)")
@@ -674,6 +689,8 @@ def _where_it_stopped(store: str | None) -> str:
     """What an interrupted ``run --store`` keeps (its progress, from
     ``storage.describe``), and that the same command resumes it; nothing without a
     store, or where the store has nothing to say."""
+    from . import storage
+
     if store is None or not os.path.isdir(store):
         return ""
     try:

@@ -265,6 +265,9 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
     :func:`worker_facts`; numbers that cannot be told are None."""
     import psutil
 
+    from . import _graph  # noqa: F401 - what a run's tasks load (Dask's arrays, zarr) counts
+    # in what the process holds: ``import src_dask`` loads it only when first used
+
     rss = psutil.Process().memory_info().rss
     manager = getattr(dask_worker, "memory_manager", None)
     limit = int(getattr(manager, "memory_limit", None) or 0) or None

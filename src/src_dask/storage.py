@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import dask.array as da
 import numpy as np
 
 from . import _info, _integrity, _paths
@@ -350,7 +349,9 @@ def _write(tt: TensorTrain, tmp: str, path: str, chunk_shape: tuple[int, ...] | 
         arr = _integrity.create(group, f"site_{j}", tuple(core.shape), dtype, c,
                                 dimension_names=dimension_names(tt.kind, j, n))
         arr.attrs["train_id"] = train_id
-        if isinstance(core, da.Array):
+        if type(core).__module__.startswith("dask.array"):
+            import dask.array as da
+
             # into a pre-created array: da.to_zarr with shards can lose data
             blocks = core.rechunk(c).map_blocks(_finite, what=what, dtype=dtype)
             da.store(blocks, arr, lock=False)
@@ -411,6 +412,12 @@ def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.o
     :class:`~src_dask.errors.DamagedDataError` for a missing or damaged chunk or
     NaN/inf, and StoreError once the train was saved over since it was opened.
     """
+    return _open(path, as_dask=True)
+
+
+def _open(path: str | os.PathLike, as_dask: bool) -> TensorTrain:
+    """:func:`open`; ``as_dask=False``: a TensorTrain of the stored arrays themselves
+    (their shapes and dtype, for :func:`describe`, without importing Dask's arrays)."""
     zarr = _zarr()
     path = _paths.as_path(path)
     local = "://" not in path
@@ -448,10 +455,18 @@ def open(path: str | os.PathLike) -> TensorTrain:  # noqa: A001 - mirrors zarr.o
     for j in range(n):
         arr = _site(group, path, j, n, kind, train_id)
         sources.append(_integrity.VerifiedArray(arr, f"{path}/site_{j}", guard=guard))
+    if not as_dask:  # the stored arrays themselves (describe: shapes only)
+        return _checked(lambda: TensorTrain(sources, kind, name=path))
+    return _checked(lambda: TensorTrain([_integrity.to_dask(v) for v in sources], kind,
+                                        name=path, sources=sources))
+
+
+def _checked(make: Any) -> TensorTrain:
+    """``make()``, its errors of bonds that do not match (a train edited by hand) a
+    StoreError."""
     try:
-        return TensorTrain([_integrity.to_dask(v) for v in sources], kind, name=path,
-                           sources=sources)
-    except (TypeError, ValueError) as err:  # bonds that do not match: edited by hand
+        return make()
+    except (TypeError, ValueError) as err:
         raise StoreError(str(err)) from err
 
 
@@ -543,7 +558,7 @@ def describe(path: str | os.PathLike) -> Info:
 
 
 def _describe_train(path: str) -> Info:
-    tt = open(path)
+    tt = _open(path, as_dask=False)
     info = Info(path=path, what="train", kind=tt.kind, sites=len(tt), bond_dims=tt.bond_dims,
                 phys_dims=[list(p) for p in tt.phys_dims], dtype=tt.dtype.name,
                 bytes=tt.nbytes)
