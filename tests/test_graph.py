@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 
 import dask
@@ -884,3 +885,33 @@ def test_an_environment_missing_or_cut_short_on_disk_is_an_error(monkeypatch, tm
     (tmp_path / f"{_transfer._PREFIX}run-1-0").unlink()
     with pytest.raises(FileNotFoundError, match="missing"):
         _transfer.from_disk(d, device=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_stops_on_a_cluster_removes_its_files_from_the_workers(tmp_path):
+    """On a cluster the files are in each worker's own directory: a run that stops has
+    every worker remove those of its run, and nothing else."""
+    from distributed import Client, LocalCluster
+
+    from src_dask import _transfer
+
+    stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=_random.seed_key(3),
+                      round=False, host_envs=3, disk_envs=3)
+    graph = _graph.build(stack, plan)
+    token = keys.token_of(graph.key)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None, local_directory=str(tmp_path)) as cluster, \
+            Client(cluster) as client:
+        dirs = client.run(lambda dask_worker: dask_worker.local_directory)
+        for d in dirs.values():
+            for name in (f"{_transfer._PREFIX}{token}-1-0", f"{_transfer._PREFIX}other-1-0"):
+                with open(f"{d}/{name}", "wb") as f:
+                    f.write(b"x")
+        with pytest.raises(RuntimeError, match="stopped"), \
+                _api._files_removed(graph, plan, client):
+            raise RuntimeError("stopped")
+        left = client.run(lambda dask_worker: sorted(os.listdir(dask_worker.local_directory)))
+    for names in left.values():
+        assert f"{_transfer._PREFIX}other-1-0" in names
+        assert not any(token in n for n in names)

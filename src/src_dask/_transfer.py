@@ -194,10 +194,13 @@ def from_disk(d: OnDisk, device: bool) -> Any:
     return out
 
 
-def remove_run(run: str) -> int:
+def remove_run(run: str, dask_worker: Any = None) -> int:
     """Remove the files :func:`to_disk` wrote in this process's directory for ``run``
-    (a run that failed or was cancelled before reading them back); their count."""
-    directory, removed = _directory(), 0
+    (a run that failed or was cancelled before reading them back); their count.
+    ``dask_worker``: the worker, as ``Client.run`` passes it (outside a task there is
+    no current worker to ask)."""
+    directory = dask_worker.local_directory if dask_worker is not None else _directory()
+    removed = 0
     for name in os.listdir(directory):
         if name.startswith(f"{_PREFIX}{run}-"):
             with contextlib.suppress(FileNotFoundError):
