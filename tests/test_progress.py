@@ -213,6 +213,8 @@ def test_performance_report_with_a_client(cluster_client, tmp_path):
     y = src_dask.apply(a, x, 12, seed=0, client=cluster_client, performance_report=path)
     text = path.read_text()
     assert "Dask Performance Report" in text and "src_dask.src" in text
+    # Bokeh inline, so that it opens offline: no script from a CDN
+    assert "cdn.bokeh.org" not in text and "Bokeh" in text
     assert _same(y, src_dask.apply(a, x, 12, seed=0, client=cluster_client))
 
 

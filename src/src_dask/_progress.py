@@ -490,10 +490,12 @@ def watch(graph: Any, client: Any, progress: bool | TextIO = False,
 @contextlib.contextmanager
 def _performance_report(client: Any, path: str, summary: str) -> Iterator[None]:
     """``distributed.performance_report`` on ``client`` (not only on the default client),
-    with the run's summary as its "calling code"."""
+    with the run's summary as its "calling code", and Bokeh's JavaScript inline: the
+    file opens without the network (compute nodes are often offline; by default the
+    report loads Bokeh from a CDN and is blank without it)."""
     from distributed import performance_report
 
-    report = performance_report(filename=path)
+    report = performance_report(filename=path, mode="inline")
     with client.as_current():
         client.sync(report.__aenter__)
     try:
