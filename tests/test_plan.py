@@ -364,6 +364,10 @@ def test_a_gpu_worker_with_little_host_memory_reads_fewer_sites_ahead(host_gb):
     else:
         assert 1 <= sweep.lookahead == plan.read_ahead < default
         assert plan.read_ahead <= 2 or plan.disk_envs == 0
+    # the bound of the reads alone, where no environment went to disk
+    alone = _plan.read_ahead(stack, dataclasses.replace(plan, read_ahead=None), facts)
+    if host_gb <= 8:
+        assert alone is not None and 1 <= alone < default
     assert est.peak_host <= host, est
 
 
