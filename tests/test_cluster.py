@@ -65,6 +65,18 @@ def test_device_choice(monkeypatch):
         assert C.choose_device(None, list(x)) == "cpu"
 
 
+def test_src_dasks_settings_outlive_a_config_block_around_its_first_use():
+    """The names of ``src_dask`` load on first use, its settings at import: a first use
+    inside a caller's ``dask.config.set`` block leaves them in Dask's config after it."""
+    code = ("import dask, src_dask\n"
+            "with dask.config.set({'src_dask.device': 'cpu'}):\n"
+            "    src_dask.apply\n"
+            "print(dask.config.get('src_dask.keep-inputs'))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "auto"
+
+
 def test_import_needs_no_gpu_packages():
     code = ("import sys, src_dask; "
             "assert not {'cupy', 'dask_cuda', 'rmm'} & set(sys.modules), sys.modules.keys()")

@@ -14,6 +14,10 @@ import importlib
 import logging
 from typing import Any
 
+# Dask's defaults of the src_dask.* keys, at once: loaded later, inside a caller's
+# ``dask.config.set`` block, they would vanish with it when the block ends.
+from . import config  # noqa: F401
+
 #: Each public name and the module that defines it.
 _WHERE = {"RunPlan": "._estimate", "TensorTrain": ".trains", "apply": "._api",
           "cluster": "._cluster", "cluster_options": "._cluster", "compress": "._api",
