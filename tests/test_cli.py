@@ -534,7 +534,18 @@ def test_an_interrupted_run_with_a_store_says_where_it_stopped(problem, tmp_path
     assert main(common) == 130
     assert capsys.readouterr().err.strip() == "src-dask: interrupted"
     monkeypatch.setattr(_graph.tasks, "pass2_step", original)
-    assert main([*common, "--store", str(store)]) == 0  # the rerun resumes
+    assert main([*common, "--store", str(store), "--overwrite"]) == 0  # the rerun resumes
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"resumed the run in {store} from pass 2, at site "
+                      f"{len(src_dask.open(a)) - 1}"), out
+    assert out[1].startswith("wrote mps")
+    # the same command again: the store holds the finished run
+    assert main([*common, "--store", str(store), "--overwrite"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"{store} held this run, finished: its result, not recomputed"
+    # a store of nothing yet, and no store: no such line
+    assert main([*common, "--store", str(tmp_path / "fresh.zarr"), "--overwrite"]) == 0
+    assert capsys.readouterr().out.startswith("wrote mps")
 
 
 def test_the_run_line_names_the_product(problem, tmp_path, capsys):

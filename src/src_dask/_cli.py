@@ -371,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "seed": args.seed, "chunk": args.chunk}
+    before = _store_progress(args.store)
     with _log_to_stderr(args.verbose), _compute_client(args) as client:
         t0 = time.perf_counter()
         try:
@@ -386,6 +387,9 @@ def run(args: argparse.Namespace) -> int:
         storage.save(result, out, overwrite=args.overwrite, attrs={"made_by": made_by})
         seconds = time.perf_counter() - t0
         error = src_dask.distance(result, *trains, client=client) if args.check else None
+    began = _how_it_began(before, args.store)
+    if began is not None:
+        _out(began)
     # the product computed: the factors in order, a bra where an MPS is on the left
     product = "·".join(t.kind.upper() for t in trains)
     side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"
@@ -685,24 +689,42 @@ def _add_info(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=info, parser=p)
 
 
-def _where_it_stopped(store: str | None) -> str:
-    """What an interrupted ``run --store`` keeps (its progress, from
-    ``storage.describe``), and that the same command resumes it; nothing without a
-    store, or where the store has nothing to say."""
+def _store_progress(store: str | None) -> tuple[bool, bool, str] | None:
+    """Whether the run store at ``store`` is complete, whether its run has begun, and
+    where it is ("pass 1, K of N blocks of sketch columns done" or "pass 2, at site S"),
+    from ``storage.describe``; None without a store, or one with nothing to say."""
     from . import storage
 
     if store is None or not os.path.isdir(store):
-        return ""
+        return None
     try:
         info = storage.describe(store)
     except Exception:  # noqa: BLE001 - set up only partly: nothing to report
-        return ""
+        return None
     if info.get("what") != "run store":
-        return ""
+        return None
     done, blocks = info["pass1_blocks_done"], info["pass1_blocks"]
     where = (f"pass 1, {done} of {blocks} blocks of sketch columns done" if done < blocks
              else f"pass 2, at site {info['pass2_next_site']}")
-    return f" in {where}; {store} keeps it: rerun the same command to resume"
+    return bool(info["complete"]), done > 0, where
+
+
+def _where_it_stopped(store: str | None) -> str:
+    """What an interrupted ``run --store`` keeps, and that the same command resumes it."""
+    progress = _store_progress(store)
+    if progress is None:
+        return ""
+    return f" in {progress[2]}; {store} keeps it: rerun the same command to resume"
+
+
+def _how_it_began(before: tuple[bool, bool, str] | None, store: str) -> str | None:
+    """The line ``run --store`` prints when the store held some of this run already
+    (``before``: :func:`_store_progress` before the run, which then used it)."""
+    if before is None or not (before[0] or before[1]):
+        return None  # no store, or nothing done in it: a fresh start
+    if before[0]:
+        return f"{store} held this run, finished: its result, not recomputed"
+    return f"resumed the run in {store} from {before[2]}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
