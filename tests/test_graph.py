@@ -901,7 +901,7 @@ def test_a_run_that_stops_on_a_cluster_removes_its_files_from_the_workers(tmp_pa
     graph = _graph.build(stack, plan)
     token = keys.token_of(graph.key)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=None, local_directory=str(tmp_path)) as cluster, \
+                      dashboard_address="127.0.0.1:0", local_directory=str(tmp_path)) as cluster, \
             Client(cluster) as client:
         dirs = client.run(lambda dask_worker: dask_worker.local_directory)
         for d in dirs.values():
