@@ -108,16 +108,22 @@ def to_host(x: Any) -> np.ndarray:
     produce it and without holding up the ones queued after them."""
     if isinstance(x, np.ndarray) or not is_cupy(x):
         return np.asarray(x)
-    import cupy
-
     if x.nbytes < _SMALL:
         return x.get()
+    return np.array(_pinned_copy(x))
+
+
+def _pinned_copy(x: Any) -> np.ndarray:
+    """A CuPy array's copy in pinned host memory, made on this thread's copy stream after
+    the kernels that produce it (this thread waits for it; the queued kernels do not)."""
+    import cupy
+
     x = cupy.ascontiguousarray(x)
     stream = _copy_stream()
     stream.wait_event(cupy.cuda.get_current_stream().record())
     staging = empty_pinned(x.shape, x.dtype)
     x.get(stream=stream, out=staging)  # blocks this thread until the copy is done
-    return np.array(staging)
+    return staging
 
 
 # -- disk ------------------------------------------------------------------------------
@@ -158,13 +164,7 @@ def to_disk(x: Any, run: str, name: str) -> OnDisk:
     under the final name is complete."""
     path = os.path.join(_directory(), f"{_PREFIX}{run}-{name}")
     if is_cupy(x) and x.nbytes >= _SMALL:
-        import cupy
-
-        x = cupy.ascontiguousarray(x)
-        stream = _copy_stream()
-        stream.wait_event(cupy.cuda.get_current_stream().record())
-        host = empty_pinned(x.shape, x.dtype)
-        x.get(stream=stream, out=host)  # blocks this thread until the copy is done
+        host = _pinned_copy(x)  # written from there: no pageable copy
     else:
         host = np.ascontiguousarray(to_host(x))
     with open(path + ".part", "wb") as f:
