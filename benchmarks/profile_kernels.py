@@ -8,10 +8,13 @@ step, pass 2's projection, sketch piece, QR (cuSOLVER Householder and
 CholeskyQR2) and environment update; then the host<->device copies of a core
 (plain pageable against src_dask's pinned copy stream) and a Zarr read (zarr's
 GPU buffers against a host read and the pinned copy). Each step's floor is its
-FLOP count (benchmarks/flops.py) at the GEMM rate measured here. Prints a table
-and writes benchmarks/results/gpu_kernels.json.
+FLOP count (benchmarks/flops.py) at the GEMM rate measured here. With
+``--products native,3m`` each site is timed with each way of making complex
+products (src_dask config ``complex-products``); a 3M step's floor is 3/4 of its
+FLOPs at the DGEMM rate measured here ("of GEMM" then means of three real GEMMs).
+Prints a table and writes benchmarks/results/gpu_kernels.json.
 
-    python benchmarks/profile_kernels.py [--no-dm2000] [--out kernels.json]
+    python benchmarks/profile_kernels.py [--no-dm2000] [--products native,3m] [--out F]
 """
 
 from __future__ import annotations
@@ -115,6 +118,15 @@ def site(cores, sketch: int, block: int, rate: float) -> dict:
     return out
 
 
+def real_gemm_rate(n: int) -> float:
+    """FLOP/s of an ``n``³ float64 GEMM on the GPU (best of 3 by CUDA events)."""
+    import cupy as cp
+
+    a, b = cp.random.standard_normal((n, n)), cp.random.standard_normal((n, n))
+    seconds = min(timed(lambda: a @ b, 1) for _ in range(3))
+    return 2.0 * n**3 / seconds
+
+
 def copies(nbytes: int) -> dict:
     """Host<->device copy rates (pageable, src_dask's pinned stream) and Zarr reads."""
     import cupy as cp
@@ -159,8 +171,11 @@ def report(record: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = parser(__doc__, out="gpu_kernels.json")
     p.add_argument("--no-dm2000", action="store_true", help="skip the D_M=2000 stack's site")
+    p.add_argument("--products", default="native",
+                   help="ways of making complex products to time, comma-separated (native, 3m)")
     args = p.parse_args(argv)
     import cupy as cp
+    import dask
     from device import Device, gemm_rate
 
     device = Device("gpu")
@@ -169,14 +184,24 @@ def main(argv: list[str] | None = None) -> dict:
     record = Record("per-kernel GPU times of one middle site against their FLOP floor",
                     device, gemm_flops=rate, flop_convention=CONVENTION)
     chi = 1000
-    record["mpo_mps_chi1000"] = site([rand(4, 4, 2, 2), rand(chi, chi, 2, 1)], chi, chi, rate)
+    modes = args.products.split(",")
+    rates = {"native": rate, "3m": real_gemm_rate(8192) * 4 / 3}  # 3M: 3/4 of the FLOPs
+    record["dgemm_flops"] = rates["3m"] * 3 / 4
+    print(f"GEMM float64: {record['dgemm_flops'] / 1e12:.1f} TFLOP/s", flush=True)
     sizes = [(1000, 500, 128)] + ([] if args.no_dm2000 else [(2000, 1000, 128)])
-    for dm, chi_out, block in sizes:
-        cores = [rand(4, 4, 4, 4), rand(4, 4, 4, 4), rand(dm, dm, 4, 4), rand(4, 4, 4, 4)]
-        record[f"stack_dm{dm}"] = site(cores, chi_out, block, rate)
-        print(f"stack_dm{dm}: {record[f'stack_dm{dm}']['kernels_s'] * 1e3:.1f} ms", flush=True)
-        del cores
-        cp.get_default_memory_pool().free_all_blocks()
+    for mode in modes:
+        tag = "" if mode == modes[0] == "native" and len(modes) == 1 else f"_{mode}"
+        with dask.config.set({"src_dask.complex-products": mode}):
+            record[f"mpo_mps_chi1000{tag}"] = site([rand(4, 4, 2, 2), rand(chi, chi, 2, 1)],
+                                                   chi, chi, rates[mode])
+            for dm, chi_out, block in sizes:
+                cores = [rand(4, 4, 4, 4), rand(4, 4, 4, 4), rand(dm, dm, 4, 4),
+                         rand(4, 4, 4, 4)]
+                name = f"stack_dm{dm}{tag}"
+                record[name] = site(cores, chi_out, block, rates[mode])
+                print(f"{name}: {record[name]['kernels_s'] * 1e3:.1f} ms", flush=True)
+                del cores
+                cp.get_default_memory_pool().free_all_blocks()
     record["copies_256MiB"] = copies(256 * 2**20)
     report(record)
     record.write(output_path(args.out, "gpu_kernels.json"))

@@ -637,8 +637,10 @@ def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, thre
     keeps its peak within the pool, sends environments to host memory and projects
     each ``Z`` twice rather than keep it (``Plan.reproject``: ``Z`` is 1 GB), every
     step that still runs out is computed in pieces, and the cores are the uncapped
-    run's. ``host``: the worker keeps little in host memory too (Dask's target at 5 %
-    of 4 GB), so environments go on to its disk, and none is left there."""
+    run's. ``host``: the worker keeps little in host memory too (a dask-cuda worker's
+    host buffer keeps data up to its limit and spills only once the process passes the
+    spill threshold, here 30 % of 4 GB, less than the environments with the process),
+    so environments go on to its disk, and none is left there."""
     pytest.importorskip("rmm", reason="RMM's pools need rmm (the gpu extra's UCX stack)")
     from dask_cuda import LocalCUDACluster
     from distributed import Client
@@ -646,7 +648,8 @@ def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, thre
     trains = [t.to_numpy() for t in src_dask.problems.stack(12, 256, seed=3).values()]
     ref = _on("gpu", *trains, chi_out=256, seed=1)
     memory = {"memory_limit": "4GB"} if host else {}
-    with dask.config.set({"distributed.worker.memory.target": 0.05 if host else 0.6}), \
+    with dask.config.set({"distributed.worker.memory.target": 0.05 if host else 0.6,
+                          "distributed.worker.memory.spill": 0.3 if host else 0.7}), \
             LocalCUDACluster(n_workers=1, threads_per_worker=threads,
                              device_memory_limit="256MB", rmm_pool_size="256MB",
                              rmm_maximum_pool_size="640MB",

@@ -259,7 +259,7 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     def sized(task: int | None, decided: _plan.Plan | None = None) -> _plan.Plan:
         """The plan with tasks of ``task`` bytes, and what ``decided`` decided of where
         the data go (``host_envs``, ``disk_envs``, ``reproject``)."""
-        cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task), sketch)
+        cols = min(chunk or _plan.default_chunk(stack, sketch, slots, task, device), sketch)
         plan = _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
@@ -448,7 +448,7 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
         return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
-    need = data + _estimate.pass1_task(stack, plan.sketch) + inputs
+    need = data + _estimate.pass1_task(stack, plan.sketch, plan.device) + inputs
     return total if need <= plan.task_bytes * max(1, facts.threads) else None
 
 

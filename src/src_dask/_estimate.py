@@ -131,8 +131,8 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     inputs = sum(math.prod(s) * item for j in range(stack.n) for s in stack.shapes(j))
     mine = _share(plan, workers.count)
     ahead = inputs_in_flight(stack, sweep.lookahead)
-    pass1 = min(workers.threads, math.ceil(mine * len(plan.blocks))) * pass1_task(stack,
-                                                                                 plan.chunk)
+    pass1 = (min(workers.threads, math.ceil(mine * len(plan.blocks)))
+             * pass1_task(stack, plan.chunk, plan.device))
     # a site that is one task runs alone; a site cut in row blocks runs them side by side
     tasks_at = [pass1] + [_pass2_running(stack, sweep, j, workers.threads)
                           for j in range(stack.n - 1, -1, -1)]
@@ -291,10 +291,10 @@ def _environments(stack: Stack, plan: Plan, share: float) -> list[float]:
                     for j in range(1, stack.n)]
 
 
-def pass1_task(stack: Stack, chunk: int) -> int:
+def pass1_task(stack: Stack, chunk: int, device: str = "cpu") -> int:
     """Bytes of pass 1's largest task: a block of ``chunk`` columns through one site,
     as the plan sizes it (:func:`~src_dask._plan.sketch_column_bytes`)."""
-    return chunk * sketch_column_bytes(stack)
+    return chunk * sketch_column_bytes(stack, device)
 
 
 def _pass2_at_once(sweep: SweepPlan, j: int, threads: int) -> int:
@@ -319,9 +319,15 @@ def _pass2_parts(stack: Stack, sweep: SweepPlan, j: int) -> tuple[int, int, int]
     ud = stack.up(j) * stack.down(j)
     left = math.prod(stack.left_bonds(j))
     right = math.prod(s[1] for s in stack.shapes(j))
-    project = (K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block))
+    three = K.three_real(stack.dtype, plan.device)
+    project = (K.contraction_elements(_project_eq(stack), _project_shapes(stack, j, block),
+                                      three)
                + block * right)
-    return project, plan.chunk * block * ud, q * rows * ud + 2 * q * left
+    sketch, update = plan.chunk * block * ud, q * rows * ud + 2 * q * left
+    if three:  # the planes of both operands and half the product more (_kernels.matmul)
+        sketch += K.three_real_elements(plan.chunk * left, block * left * ud, sketch) - sketch
+        update += K.three_real_elements(q * block * ud, block * left * ud, q * left) - q * left
+    return project, sketch, update
 
 
 def _pass2_task(stack: Stack, sweep: SweepPlan, j: int) -> int:

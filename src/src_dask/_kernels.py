@@ -11,7 +11,8 @@ and ``S'`` separately and keeps the big products in BLAS/cuBLAS.
 
 Every kernel is written once against the array namespace of its inputs
 (``numpy`` or ``cupy``); contraction orders are planned by opt_einsum once per
-shape and executed as batched matrix products.
+shape and executed as batched matrix products (:func:`matmul`), complex ones as
+three real products where that is faster (config ``complex-products``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
+from . import config
 from ._layout import pad
 from ._layout import unpad as unpad
 from ._transfer import is_cupy, to_device
@@ -67,6 +69,115 @@ def all_finite(x: Any) -> bool:
         return True
     xp = xp_of(x)
     return bool(xp.isfinite(x.sum())) or bool(xp.isfinite(x).all())
+
+
+# -- complex products as three real ones ----------------------------------------
+def three_real(dtype: Any, device: str) -> bool:
+    """Whether complex products of ``dtype`` on ``device`` are made as three real
+    ones (config ``complex-products``: ``auto`` does so for complex128 on a GPU,
+    where three DGEMMs take less time than one ZGEMM; a CPU's BLAS gains little)."""
+    want = config.get_choice("complex-products", ("auto", "native", "3m"))
+    if np.dtype(dtype) != np.complex128:
+        return False
+    return want == "3m" or (want == "auto" and device == "gpu")
+
+
+def matmul(a: Any, b: Any, *, conj_a: bool = False,
+           shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
+    """``conj(a) @ b`` (``conj_a``) or ``a @ b``, batched over leading axes, the
+    operands reshaped to ``shapes`` first (when given).
+
+    With :func:`three_real`, complex128 products are three real ones (Gauss's
+    trick): ``t1 = a_r b_r``, ``t2 = a_i b_i``, ``t3 = (a_r + a_i)(b_r + b_i)``,
+    real part ``t1 - t2``, imaginary ``t3 - t1 - t2``; 3/4 of the FLOPs at the
+    real GEMM's rate, with rounding errors of the size of the native product's
+    relative to the norms of the operands. ``a`` and ``b`` may be strided views:
+    a transposed operand is split straight into its real planes, which are then
+    reshaped and replace the copy a native product's reshape makes. The planes and the three
+    products take ``a``, ``b`` and 1.5 times the result in memory besides the
+    result (:func:`three_real_elements`); a product that runs out of memory that
+    way is made natively instead.
+    """
+    xp = xp_of(a)
+    device = "gpu" if xp is not np else "cpu"
+    if (a.dtype == b.dtype and three_real(a.dtype, device)
+            and _multiply_adds(a, b, shapes) >= THREE_REAL_MIN):
+        from ._oom import is_oom
+
+        try:
+            return _three_real_product(xp, a, b, conj_a, shapes)
+        except Exception as err:  # noqa: BLE001 - only out-of-memory falls back
+            if not is_oom(err):
+                raise
+    if shapes is not None:
+        a, b = a.reshape(shapes[0]), b.reshape(shapes[1])
+    return xp.matmul(a.conj() if conj_a else a, b)
+
+
+#: Multiply-adds below which a complex product stays native: a small product's time is
+#: its kernel launches, and three real products launch several more.
+THREE_REAL_MIN = 2**30
+
+
+def _multiply_adds(a: Any, b: Any, shapes: tuple[tuple[int, ...], ...] | None) -> int:
+    """Multiply-adds of ``a @ b`` (reshaped to ``shapes``): each element of ``a`` meets
+    each column of ``b``."""
+    columns = (b.shape if shapes is None else shapes[1])[-1]
+    return prod(int(d) for d in a.shape) * int(columns)
+
+
+def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
+                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None) -> Any:
+    pa, pb = _planes(xp, a, conj_a), _planes(xp, b, False)
+    if shapes is not None:
+        pa, pb = pa.reshape((2,) + tuple(shapes[0])), pb.reshape((2,) + tuple(shapes[1]))
+    t12 = xp.matmul(pa, pb)  # (a_r b_r, a_i b_i) as one batched product
+    pa[0] += pa[1]
+    pb[0] += pb[1]
+    t3 = xp.matmul(pa[0], pb[0])
+    del pa, pb
+    out = xp.empty(t3.shape, dtype=a.dtype)
+    if xp is np:
+        t3 -= t12[0]
+        t3 -= t12[1]
+        t12[0] -= t12[1]
+        out.real, out.imag = t12[0], t3
+    else:
+        _combine_kernel()(t12[0], t12[1], t3, out)
+    return out
+
+
+def _planes(xp: Any, x: Any, conj: bool) -> Any:
+    """``x``'s real and imaginary parts (negated for ``conj``) as one contiguous real
+    array of shape ``(2,) + x.shape``."""
+    planes = xp.empty((2,) + tuple(x.shape), dtype=x.real.dtype)
+    planes[0] = x.real
+    if conj:
+        xp.negative(x.imag, out=planes[1])
+    else:
+        planes[1] = x.imag
+    return planes
+
+
+@lru_cache(maxsize=1)
+def _combine_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel("float64 t1, float64 t2, float64 t3", "complex128 out",
+                                  "out = complex<double>(t1 - t2, t3 - t1 - t2)",
+                                  "src_dask_three_real_combine")
+
+
+def _device_of(x: Any) -> str:
+    """``"gpu"`` for a CuPy array or a planner's stand-in on a GPU, else ``"cpu"``."""
+    return "gpu" if is_cupy(x) or getattr(x, "device", None) == "gpu" else "cpu"
+
+
+def three_real_elements(a: int, b: int, out: int) -> int:
+    """Elements (of the complex dtype) a three-real product of operands of ``a`` and
+    ``b`` elements into ``out`` holds besides its inputs, at its peak: the planes of
+    both operands and the three real products, then the products and the result."""
+    return max(a + b + (3 * out + 1) // 2, (5 * out + 1) // 2)
 
 
 # -- contraction engine -------------------------------------------------------
@@ -127,18 +238,19 @@ def contract(eq: str, *arrays: Any) -> Any:
             a = a.sum(axis=sum_a)
         if sum_b:
             b = b.sum(axis=sum_b)
-        a = a.transpose(perm_a).reshape(shape_a)
-        b = b.transpose(perm_b).reshape(shape_b)
-        ops.append(xp.matmul(a, b).reshape(shape_out))
+        ops.append(matmul(a.transpose(perm_a), b.transpose(perm_b), shapes=(shape_a, shape_b))
+                   .reshape(shape_out))
     (res,) = ops
     out = eq.split("->")[1]
     return res.transpose(tuple(final.index(c) for c in out))
 
 
-def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...]) -> int:
+def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
+                         three: bool = False) -> int:
     """Elements :func:`contract` holds at once besides its inputs, for arrays of
     ``shapes``: at each pairwise step the intermediates still alive, the
-    transposed copies of the two operands and the product (its result included)."""
+    transposed copies of the two operands and the product (its result included);
+    ``three``: products made as three real ones (:func:`three_real_elements`)."""
     steps, _ = _plan(eq, tuple(tuple(int(d) for d in s) for s in shapes))
     ops = [(prod(s), False) for s in shapes]  # (elements, made here)
     peak = 0
@@ -154,9 +266,28 @@ def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...]) -> int:
             out = prod(shape_out)
             copies = (prod(shape_a) * (list(perm_a) != sorted(perm_a))
                       + prod(shape_b) * (list(perm_b) != sorted(perm_b)))
+            if three:
+                copies = three_real_elements(prod(shape_a), prod(shape_b), out) - out
         peak = max(peak, alive + copies + out)
         ops.append((out, True))
     return peak
+
+
+def _three_real_row_extra(eq: str, shapes: list[tuple[int, ...]], dtype: Any,
+                          device: str) -> int:
+    """Elements per row (of the first axis of ``shapes[0]``, the rows a step is halved
+    along) that three-real products hold beyond native ones in :func:`contract`: what
+    a second row adds (the planes of operands that do not grow with the rows, such as
+    the cores', are a fixed cost left to the headroom)."""
+    if not three_real(dtype, device):
+        return 0
+    two = [(2,) + tuple(shapes[0][1:])] + list(shapes[1:])
+
+    def more(rows_shapes: list[tuple[int, ...]]) -> int:
+        return (contraction_elements(eq, tuple(rows_shapes), True)
+                - contraction_elements(eq, tuple(rows_shapes)))
+
+    return max(0, more(two) - more(shapes))
 
 
 # Letters for a, b and x; s, r and l are reserved for the sketch and bond axes.
@@ -221,7 +352,9 @@ def sketch_step_bytes(cores: list[Any]) -> int:
     steps, _ = _plan(_sketch_step_eq(k), shapes)
     biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
     env_in, env_out = prod(shapes[0]), prod(c.shape[1] for c in cores)
-    return (env_in + env_out + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
+    three = _three_real_row_extra(_sketch_step_eq(k), list(shapes), cores[0].dtype,
+                                  _device_of(cores[0]))
+    return (env_in + env_out + 2 * biggest + three) * np.dtype(cores[0].dtype).itemsize
 
 
 def project_row_bytes(cores: list[Any]) -> int:
@@ -236,13 +369,21 @@ def project_row_bytes(cores: list[Any]) -> int:
     biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
     s_row = prod(shapes[-1])
     z_row = prod(c.shape[0] for c in cores) * cores[0].shape[2] * cores[-1].shape[3]
-    return (s_row + z_row + 2 * biggest) * np.dtype(cores[0].dtype).itemsize
+    # the rows are S's: its terms first for the extra's count
+    moved = f"r{b}," + ",".join(_core_terms(k)) + f"->{a}r{x[0]}{x[k]}"
+    three = _three_real_row_extra(moved, [shapes[-1], *shapes[:-1]], cores[0].dtype,
+                                  _device_of(cores[0]))
+    return (s_row + z_row + 2 * biggest + three) * np.dtype(cores[0].dtype).itemsize
 
 
 def sketch_piece_bytes(env: Any, z: Any) -> int:
-    """Memory one sketch column of :func:`sketch_piece` needs (its row of C and of Mᵀ)."""
+    """Memory one sketch column of :func:`sketch_piece` needs (its row of C and of Mᵀ;
+    as three real products, the row's planes and half a row of Mᵀ more)."""
     k = env.ndim - 1
-    return (prod(env.shape[1:]) + prod(z.shape[k:])) * np.dtype(z.dtype).itemsize
+    row, out = prod(env.shape[1:]), prod(z.shape[k:])
+    if three_real(z.dtype, _device_of(z)):
+        row, out = 2 * row, out + (out + 1) // 2
+    return (row + out) * np.dtype(z.dtype).itemsize
 
 
 # -- pass 2: projection, orthonormalisation, environment update ----------------
@@ -284,7 +425,7 @@ def sketch_piece(env: Any, z: Any | None) -> Any | None:
     if z is None:
         return None
     k = env.ndim - 1
-    return env.reshape(env.shape[0], -1) @ _as_matrix(z, k)
+    return matmul(env.reshape(env.shape[0], -1), _as_matrix(z, k))
 
 
 def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[Any] | None, *,
@@ -441,7 +582,8 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
     env, lo = None, 0
     for z in zs:
         hi = lo + z.shape[k]
-        part = flat[:, lo:hi].reshape(q, -1).conj() @ _as_matrix(z, k).T
+        zt = _as_matrix(z, k).T
+        part = matmul(flat[:, lo:hi], zt, conj_a=True, shapes=((q, -1), zt.shape))
         env = part if env is None else env + part
         lo = hi
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
@@ -461,7 +603,10 @@ def update_row_bytes(eta: Any, z: Any) -> int:
     """Memory one row of :func:`update_env`'s output needs: its row of η (and the
     conjugated copy) and of ``S'`` (the product, the running sum and the sum)."""
     k = z.ndim - 3
-    return (2 * prod(eta.shape[1:]) + 3 * prod(z.shape[:k])) * np.dtype(z.dtype).itemsize
+    out = 3 * prod(z.shape[:k])
+    if three_real(z.dtype, _device_of(z)):  # η's planes replace its conjugated copy
+        out += (prod(z.shape[:k]) + 1) // 2
+    return (2 * prod(eta.shape[1:]) + out) * np.dtype(z.dtype).itemsize
 
 
 def first_core(zs: list[Any]) -> Any:

@@ -210,7 +210,8 @@ def sketch_width(stack: Stack, chi_out: int, oversample: int) -> int:
     return width
 
 
-def default_chunk(stack: Stack, sketch: int, slots: int, task: int | None = None) -> int:
+def default_chunk(stack: Stack, sketch: int, slots: int, task: int | None = None,
+                  device: str = "cpu") -> int:
     """Columns per block: one block per worker thread (``slots``; per GPU on a GPU
     run: a GPU runs one block's GEMMs at a time, the larger the better), none over
     the config's ``block-size``, and none whose tasks need more than ``task`` bytes
@@ -218,7 +219,7 @@ def default_chunk(stack: Stack, sketch: int, slots: int, task: int | None = None
     per_column = stack.widest_cut * stack.dtype.itemsize
     blocks = max(slots, math.ceil(sketch * per_column / config.get_bytes("block-size")))
     if task is not None:
-        blocks = max(blocks, math.ceil(sketch / columns_that_fit(stack, task)))
+        blocks = max(blocks, math.ceil(sketch / columns_that_fit(stack, task, device)))
     return math.ceil(sketch / blocks)
 
 
@@ -332,36 +333,37 @@ def host_envs(envs: list[float], budget: float) -> int:
     return 0
 
 
-def _shapes(stack: Stack, site: int) -> list[Any]:
-    """Stand-ins (shape and dtype) for the padded cores of ``site``, for the kernels'
-    planners."""
+def _shapes(stack: Stack, site: int, device: str = "cpu") -> list[Any]:
+    """Stand-ins (shape, dtype and device) for the padded cores of ``site``, for the
+    kernels' planners."""
     from types import SimpleNamespace
 
-    return [SimpleNamespace(shape=s, dtype=stack.dtype, ndim=4) for s in stack.shapes(site)]
+    return [SimpleNamespace(shape=s, dtype=stack.dtype, ndim=4, device=device)
+            for s in stack.shapes(site)]
 
 
-def column_bytes(stack: Stack) -> int:
+def column_bytes(stack: Stack, device: str = "cpu") -> int:
     """What one sketch column costs a task at most, over the sites: pass 1's step
     (its environment row in and out and the contraction's intermediates) and pass 2's
     sketch piece (a row of ``C_j`` and of the sketch)."""
     piece = stack.widest_cut * stack.dtype.itemsize
-    return max(sketch_column_bytes(stack), piece)
+    return max(sketch_column_bytes(stack, device), piece)
 
 
-def sketch_column_bytes(stack: Stack) -> int:
+def sketch_column_bytes(stack: Stack, device: str = "cpu") -> int:
     """What one sketch column costs pass 1's step at its largest site
     (``_kernels.sketch_step_bytes``: its environment row in and out and the
     contraction's largest intermediates); the plan sizes blocks and the estimate
     counts pass 1 by it."""
     from . import _kernels as K
 
-    return max(K.sketch_step_bytes(_shapes(stack, j)) for j in range(stack.n))
+    return max(K.sketch_step_bytes(_shapes(stack, j, device)) for j in range(stack.n))
 
 
-def columns_that_fit(stack: Stack, task: int) -> int:
+def columns_that_fit(stack: Stack, task: int, device: str = "cpu") -> int:
     """Sketch columns a block may have within ``task`` bytes; a
     :class:`~src_dask.errors.PlanError` when not even one fits."""
-    per = column_bytes(stack)
+    per = column_bytes(stack, device)
     if per > task:
         from .errors import PlanError
 
@@ -371,14 +373,15 @@ def columns_that_fit(stack: Stack, task: int) -> int:
 
 
 def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
-              left_rows: int | None = None) -> dict[str, tuple[int, int]]:
+              left_rows: int | None = None, device: str = "cpu") -> dict[str, tuple[int, int]]:
     """``(fixed, per row)`` of each kind of pass-2 task at ``site``: the bytes it needs
     besides, and for each of, the rows of ``Z`` it holds. ``project``: projecting them
     (a row of ``Z`` and of ``S``, the contraction's intermediates); ``sketch``:
     sketching them against a block of ``chunk`` columns of ``C_j``; ``update``:
     adding their share to ``S_{j-1}`` (η, ``left_rows × rows × U·D``, and the running
     sum, ``left_rows`` rows; ``rows`` and ``left_rows`` bound the output's bonds right
-    and left of the site)."""
+    and left of the site). Complex products made as three real ones
+    (``_kernels.three_real``) hold both operands' planes and half their result more."""
     from . import _kernels as K
 
     q = rows if left_rows is None else left_rows
@@ -386,9 +389,13 @@ def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
     ud = stack.up(site) * stack.down(site)
     left = math.prod(stack.left_bonds(site))
     z_row = left * ud * item
-    return {"project": (0, K.project_row_bytes(_shapes(stack, site))),
-            "sketch": (chunk * left * item, z_row + chunk * ud * item),
-            "update": (2 * q * left * item + q * rows * ud * item, z_row)}
+    kinds = {"project": (0, K.project_row_bytes(_shapes(stack, site, device))),
+             "sketch": (chunk * left * item, z_row + chunk * ud * item),
+             "update": (2 * q * left * item + q * rows * ud * item, z_row)}
+    if K.three_real(stack.dtype, device):
+        kinds["sketch"] = (2 * chunk * left * item, 2 * z_row + (3 * chunk * ud * item) // 2)
+        kinds["update"] = (kinds["update"][0] + (q * left * item) // 2, 2 * z_row)
+    return kinds
 
 
 def kind_bytes(plan: Plan, kind: str) -> int | None:
@@ -413,7 +420,7 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
     rows = z_rows(stack, plan, site)
     left_rows = math.ceil((z_rows(stack, plan, site - 1) if site > 0 else 1)
                           / env_blocks(stack, plan, site))
-    kinds = row_bytes(stack, site, rows, plan.chunk, left_rows)
+    kinds = row_bytes(stack, site, rows, plan.chunk, left_rows, plan.device)
     if reprojects(stack, plan, site):  # the sketch and the update project their rows
         _, project = kinds.pop("project")
         kinds = {k: (fixed, per + project) for k, (fixed, per) in kinds.items()}
@@ -486,7 +493,7 @@ def z_whole_fits(stack: Stack, plan: Plan, site: int) -> bool:
     item = stack.dtype.itemsize
     left = math.prod(stack.left_bonds(site))
     z = rows * left * stack.up(site) * stack.down(site) * item
-    fixed, _ = row_bytes(stack, site, rows, plan.chunk, left_rows)["update"]
+    fixed, _ = row_bytes(stack, site, rows, plan.chunk, left_rows, plan.device)["update"]
     return z + fixed <= kind_bytes(plan, "update")
 
 
@@ -513,7 +520,7 @@ def one_task(stack: Stack, plan: Plan, site: int) -> bool:
     z_next = (z_rows(stack, plan, site - 1) * math.prod(stack.left_bonds(site - 1))
               * stack.up(site - 1) * stack.down(site - 1) * item) if site > 0 else 0
     need = (plan.sketch * left * item + z + z_next + 3 * rows * left * item
-            + rows * K.project_row_bytes(_shapes(stack, site)))
+            + rows * K.project_row_bytes(_shapes(stack, site, plan.device)))
     return need <= plan.task_bytes
 
 

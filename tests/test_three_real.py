@@ -1,0 +1,165 @@
+"""Complex products as three real ones (config ``complex-products``): the same answers
+as the native products to roundoff, real and complex64 untouched, memory counted."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err, same_cores
+from test_exact import STACKS, _uneven
+
+import src_dask
+from src_dask import _estimate, _kernels, _plan
+from src_dask._stack import make_stack
+
+
+@pytest.fixture(autouse=True)
+def _small_products_too(monkeypatch):
+    """The tests' products are small: made as three real ones all the same."""
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 0)
+
+
+def _three(value: str = "3m"):
+    return dask.config.set({"src_dask.complex-products": value})
+
+
+def _random(rng, shape, dtype=np.complex128):
+    x = rng.standard_normal(shape)
+    return (x + 1j * rng.standard_normal(shape)).astype(dtype) if np.dtype(dtype).kind == "c" \
+        else x.astype(dtype)
+
+
+@pytest.fixture
+def products(monkeypatch):
+    """How many products were made as three real ones."""
+    made = []
+    three = _kernels._three_real_product
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return three(*args, **kwargs)
+
+    monkeypatch.setattr(_kernels, "_three_real_product", counted)
+    return made
+
+
+@pytest.mark.parametrize("conj_a", [False, True])
+def test_a_product_as_three_real_ones_is_the_native_product(conj_a, products):
+    rng = np.random.default_rng(0)
+    a, b = _random(rng, (3, 40, 30)), _random(rng, (3, 30, 20))
+    want = np.matmul(a.conj() if conj_a else a, b)
+    with _three():
+        got = _kernels.matmul(a, b, conj_a=conj_a)
+    assert products == [1]
+    assert got.dtype == np.complex128 and got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-13 * np.abs(want).max()
+
+
+def test_strided_operands_are_split_and_reshaped_like_the_native_ones():
+    rng = np.random.default_rng(1)
+    a = _random(rng, (4, 5, 6, 7)).transpose(0, 2, 1, 3)  # (4, 6, 5, 7): not contiguous
+    b = _random(rng, (4, 35, 8))
+    shapes = ((4, 6, 35), (4, 35, 8))
+    want = np.matmul(a.reshape(shapes[0]), b)
+    with _three():
+        got = _kernels.matmul(a, b, shapes=shapes)
+    assert np.abs(got - want).max() <= 1e-13 * np.abs(want).max()
+    with _three("native"):
+        assert np.array_equal(_kernels.matmul(a, b, shapes=shapes), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex64])
+def test_real_and_single_precision_products_keep_their_path(dtype):
+    rng = np.random.default_rng(2)
+    a, b = _random(rng, (30, 20), dtype), _random(rng, (20, 10), dtype)
+    with _three():
+        assert not _kernels.three_real(dtype, "gpu")
+        assert np.array_equal(_kernels.matmul(a, b), a @ b)
+
+
+def test_small_products_stay_native(monkeypatch, products):
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 40 * 30 * 21)
+    rng = np.random.default_rng(4)
+    a, b = _random(rng, (2, 20, 30)), _random(rng, (2, 30, 20))  # 24000 multiply-adds
+    with _three():
+        assert np.array_equal(_kernels.matmul(a, b), np.matmul(a, b))
+        assert products == []
+        _kernels.matmul(a, np.concatenate([b, b[:, :, :1]], axis=2))  # 25200
+        assert products == [1]
+
+
+def test_auto_uses_three_real_products_on_a_gpu_only():
+    with _three("auto"):
+        assert _kernels.three_real(np.complex128, "gpu")
+        assert not _kernels.three_real(np.complex128, "cpu")
+    with _three("native"):
+        assert not _kernels.three_real(np.complex128, "gpu")
+    with _three("fast"), pytest.raises(ValueError, match="complex-products"):
+        _kernels.three_real(np.complex128, "gpu")
+
+
+def test_a_product_that_runs_out_of_memory_as_three_is_made_natively(monkeypatch):
+    def no_room(*args, **kwargs):
+        raise MemoryError("out of memory allocating the planes")
+
+    monkeypatch.setattr(_kernels, "_three_real_product", no_room)
+    rng = np.random.default_rng(3)
+    a, b = _random(rng, (20, 30)), _random(rng, (30, 10))
+    with _three():
+        assert np.array_equal(_kernels.matmul(a, b, conj_a=True), a.conj() @ b)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("not a memory error")
+
+    monkeypatch.setattr(_kernels, "_three_real_product", broken)
+    with _three(), pytest.raises(RuntimeError, match="not a memory error"):
+        _kernels.matmul(a, b)
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("n,p", [(2, 2), (3, 3), (6, 2)])
+def test_src_with_three_real_products_is_exact_and_the_native_result(stack, n, p, products):
+    trains = STACKS[stack](n, p)
+    native = src_dask.src(*trains, chi_out=200, seed=3)
+    assert products == []
+    with _three():
+        y = src_dask.src(*trains, chi_out=200, seed=3)
+    assert products  # pass 1, the projections, sketches and updates
+    assert rel_err(y, dense_product(*trains)) <= 1e-12
+    assert close_cores(y, native, rtol=1e-12)
+
+
+def test_truncated_results_agree_with_the_native_ones_and_real_runs_are_unchanged(products):
+    trains = [random_mpo(12, _uneven(12, 4), 2, seed=5), random_mps(12, _uneven(12, 6), 2, seed=6)]
+    native = src_dask.src(*trains, chi_out=8, seed=1)
+    real = [type(t)([c.real for c in t], t.kind) for t in trains]
+    real_native = src_dask.src(*real, chi_out=8, seed=1)
+    with _three():
+        y = src_dask.src(*trains, chi_out=8, seed=1)
+        made = len(products)
+        y_real = src_dask.src(*real, chi_out=8, seed=1)
+    assert made and len(products) == made  # none for the real run
+    assert close_cores(y, native, rtol=1e-10)
+    assert same_cores(y_real, real_native)
+
+
+def test_the_plan_counts_the_planes_of_three_real_products():
+    trains = [random_mpo(6, 8, 2, seed=1), random_mps(6, 16, 2, seed=2)]
+    stack = make_stack(list(trains))
+    eq, shapes = _estimate._project_eq(stack), _estimate._project_shapes(stack, 3, 64)
+    assert _kernels.contraction_elements(eq, shapes, True) > _kernels.contraction_elements(
+        eq, shapes)
+    with _three():
+        gpu = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
+        gpu_columns = _plan.sketch_column_bytes(stack, "gpu")
+    with _three("native"):
+        native = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
+        native_columns = _plan.sketch_column_bytes(stack, "gpu")
+    for kind in ("sketch", "update"):
+        assert gpu[kind][0] > native[kind][0] and gpu[kind][1] > native[kind][1], kind
+    assert gpu["project"][1] >= native["project"][1]
+    assert gpu_columns >= native_columns
+    # a CPU run under "auto" counts (and makes) native products
+    with _three("auto"):
+        assert _plan.row_bytes(stack, 3, 64, 32, device="cpu") == native
