@@ -89,12 +89,12 @@ def test_small_products_stay_native(monkeypatch, products):
         assert products == [1]
 
 
-def test_auto_uses_three_real_products_on_a_gpu_only():
-    with _three("auto"):
-        assert _kernels.three_real(np.complex128, "gpu")
-        assert not _kernels.three_real(np.complex128, "cpu")
-    with _three("native"):
-        assert not _kernels.three_real(np.complex128, "gpu")
+def test_native_products_are_the_default_and_other_settings_an_error():
+    assert dask.config.get("src_dask.complex-products") == "native"
+    assert not _kernels.three_real(np.complex128, "gpu")
+    with _three():
+        assert _kernels.three_real(np.complex128, "gpu") and _kernels.three_real(
+            np.complex128, "cpu")
     with _three("fast"), pytest.raises(ValueError, match="complex-products"):
         _kernels.three_real(np.complex128, "gpu")
 
@@ -160,6 +160,4 @@ def test_the_plan_counts_the_planes_of_three_real_products():
         assert gpu[kind][0] > native[kind][0] and gpu[kind][1] > native[kind][1], kind
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
-    # a CPU run under "auto" counts (and makes) native products
-    with _three("auto"):
-        assert _plan.row_bytes(stack, 3, 64, 32, device="cpu") == native
+    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == native  # the default
