@@ -78,15 +78,21 @@ def test_real_and_single_precision_products_keep_their_path(dtype):
         assert np.array_equal(_kernels.matmul(a, b), a @ b)
 
 
-def test_small_products_stay_native(monkeypatch, products):
-    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 40 * 30 * 21)
+def test_thin_products_stay_native(monkeypatch, products):
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 21)
     rng = np.random.default_rng(4)
-    a, b = _random(rng, (2, 20, 30)), _random(rng, (2, 30, 20))  # 24000 multiply-adds
+    for shape_a, shape_b in [((2, 20, 30), (2, 30, 40)), ((2, 40, 20), (2, 20, 40)),
+                             ((2, 40, 30), (2, 30, 20))]:  # m, k or n below 21
+        a, b = _random(rng, shape_a), _random(rng, shape_b)
+        with _three():
+            assert np.array_equal(_kernels.matmul(a, b), np.matmul(a, b))
+    assert products == []
     with _three():
-        assert np.array_equal(_kernels.matmul(a, b), np.matmul(a, b))
-        assert products == []
-        _kernels.matmul(a, np.concatenate([b, b[:, :, :1]], axis=2))  # 25200
-        assert products == [1]
+        _kernels.matmul(_random(rng, (2, 21, 21)), _random(rng, (2, 21, 21)))
+        a, b = _random(rng, (21, 25, 2)), _random(rng, (50, 21))
+        got = _kernels.matmul(a, b, shapes=((21, 50), (50, 21)))
+    assert products == [1, 1]
+    assert np.abs(got - a.reshape(21, 50) @ b).max() <= 1e-13 * np.abs(got).max()
 
 
 def test_native_products_are_the_default_and_other_settings_an_error():

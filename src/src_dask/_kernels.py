@@ -101,7 +101,7 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
     xp = xp_of(a)
     device = "gpu" if xp is not np else "cpu"
     if (a.dtype == b.dtype and three_real(a.dtype, device)
-            and _multiply_adds(a, b, shapes) >= THREE_REAL_MIN):
+            and min(_gemm_dims(a, b, shapes)) >= THREE_REAL_MIN):
         from ._oom import is_oom
 
         try:
@@ -114,16 +114,17 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
     return xp.matmul(a.conj() if conj_a else a, b)
 
 
-#: Multiply-adds below which a complex product stays native: a small product's time is
-#: its kernel launches, and three real products launch several more.
-THREE_REAL_MIN = 2**30
+#: The least rows, inner dimension and columns of a complex product made as three real
+#: ones: a thinner product is bound by memory, not arithmetic, and splitting its operands
+#: into planes costs more than the real GEMMs save (profile_kernels.py).
+THREE_REAL_MIN = 512
 
 
-def _multiply_adds(a: Any, b: Any, shapes: tuple[tuple[int, ...], ...] | None) -> int:
-    """Multiply-adds of ``a @ b`` (reshaped to ``shapes``): each element of ``a`` meets
-    each column of ``b``."""
-    columns = (b.shape if shapes is None else shapes[1])[-1]
-    return prod(int(d) for d in a.shape) * int(columns)
+def _gemm_dims(a: Any, b: Any, shapes: tuple[tuple[int, ...], ...] | None) -> tuple[int, ...]:
+    """``(m, k, n)`` of ``a @ b`` (``b`` reshaped to ``shapes[1]``), batches apart."""
+    sb = tuple(int(d) for d in (b.shape if shapes is None else shapes[1]))
+    k, n, batch = sb[-2], sb[-1], prod(sb[:-2])
+    return prod(int(d) for d in a.shape) // max(1, k * batch), k, n
 
 
 def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
@@ -149,14 +150,26 @@ def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
 
 def _planes(xp: Any, x: Any, conj: bool) -> Any:
     """``x``'s real and imaginary parts (negated for ``conj``) as one contiguous real
-    array of shape ``(2,) + x.shape``."""
+    array of shape ``(2,) + x.shape`` (on a GPU in one pass over ``x``)."""
     planes = xp.empty((2,) + tuple(x.shape), dtype=x.real.dtype)
+    if xp is not np:
+        _split_kernel()(x, conj, planes[0], planes[1])
+        return planes
     planes[0] = x.real
     if conj:
         xp.negative(x.imag, out=planes[1])
     else:
         planes[1] = x.imag
     return planes
+
+
+@lru_cache(maxsize=1)
+def _split_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel("complex128 x, bool conj", "float64 re, float64 im",
+                                  "re = x.real(); im = conj ? -x.imag() : x.imag()",
+                                  "src_dask_three_real_planes")
 
 
 @lru_cache(maxsize=1)
