@@ -101,6 +101,10 @@ def test_native_products_are_the_default_and_other_settings_an_error():
     with _three():
         assert _kernels.three_real(np.complex128, "gpu") and _kernels.three_real(
             np.complex128, "cpu")
+    with _three("auto"):
+        assert _kernels.three_real(np.complex128, "gpu")
+        assert not _kernels.three_real(np.complex128, "cpu")
+        assert not _kernels.three_real(np.complex64, "gpu")
     with _three("fast"), pytest.raises(ValueError, match="complex-products"):
         _kernels.three_real(np.complex128, "gpu")
 

@@ -74,12 +74,12 @@ def all_finite(x: Any) -> bool:
 # -- complex products as three real ones ----------------------------------------
 def three_real(dtype: Any, device: str) -> bool:
     """Whether complex products of ``dtype`` on ``device`` are made as three real
-    ones: complex128 ones where config ``complex-products`` is ``3m``. Not the
-    default: splitting the operands into planes at each product costs more memory
-    traffic than the real GEMMs save on the reference problems (benchmarks/README.md);
-    a layout that keeps the planes from one product to the next would not pay it."""
-    want = config.get_choice("complex-products", ("native", "3m"))
-    return want == "3m" and np.dtype(dtype) == np.complex128
+    ones: complex128 ones where config ``complex-products`` is ``3m``, or ``auto``
+    and the device a GPU (a CPU's BLAS gains little from it)."""
+    want = config.get_choice("complex-products", ("native", "3m", "auto"))
+    if np.dtype(dtype) != np.complex128:
+        return False
+    return want == "3m" or (want == "auto" and device == "gpu")
 
 
 def matmul(a: Any, b: Any, *, conj_a: bool = False,
