@@ -47,8 +47,8 @@ from harness import (
 )
 from methods import mpo_mps_runner
 from problems import MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
-from provenance import blas_info
 from timing import best_of, runs_text
+from tools.provenance import blas_info
 
 
 def parse_args(argv: list[str] | None = None):

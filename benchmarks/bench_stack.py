@@ -26,7 +26,7 @@ The script
    src-method (``src_method.src(*trains, chi_out, seed, device="gpu",
    resources=Resources(devices=N))``, PyPI ``src-method==0.5.0``) in this process on
    N GPUs (``device="cpu"`` with ``--device cpu``: simulated devices), as runs
-   ``srcmethod_g<N>`` (benchmarks/peers.py); skipped, saying why, where it is not
+   ``srcmethod_g<N>`` (benchmarks/tools/peers.py); skipped, saying why, where it is not
    installed;
 6. reports per run: wall time, FLOPs (benchmarks/flops.py), TFLOP/s, fraction of
    the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
@@ -36,7 +36,7 @@ The script
    its own); the ratios ours 2 / ours 1 worker and ours / src-method on as many
    GPUs (``ratios``, and ``ratio_to_*`` in the runs, which the targets bound);
    and what the transfers between workers and the event loops did in the last timed
-   call (``transfers``, benchmarks/transfers.py: per transferred key's step and its
+   call (``transfers``, benchmarks/tools/transfers.py: per transferred key's step and its
    dependent's, with ``--transfer-detail DIR`` every transfer in a file of its own);
 7. prints a table and writes the record after every run
    (benchmarks/results/stack_<device>_dm<D_M>.json), then one table of transfers per
@@ -74,7 +74,6 @@ from harness import (
     print_table,
     print_targets,
 )
-from peers import is_peer, peer_ratios, time_peers
 from problems import (
     STACK_TARGETS,
     env_bytes,
@@ -87,7 +86,8 @@ from problems import (
 )
 from stack_runs import run_config, time_quimb
 from timing import profile_text
-from transfers import print_transfers
+from tools.peers import is_peer, peer_ratios, time_peers
+from tools.transfers import print_transfers
 
 #: Results larger than this are not kept on the client to compare runs' cores.
 COMPARE_MAX_BYTES = 8 * 10**9

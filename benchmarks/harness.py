@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provenance import blas_info, cpu_model, git_state, versions
+from tools.provenance import blas_info, cpu_model, git_state, versions
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -32,7 +32,7 @@ MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
     ("cpu", 200): (Target("ratio_to_quimb_src", 0.5),),
 }
 #: Targets of the stack per (device, D_M, chi_out), on every src_dask run (not on the
-#: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/peers.py
+#: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/tools/peers.py
 #: ``peer_ratios``) are checked only where both runs are in the record: ``ratio_to_w1``
 #: is a 2-worker run's time over the 1-worker run's in the same mode,
 #: ``ratio_to_srcmethod_g2`` its time over src-method's on 2 GPUs.

@@ -17,7 +17,7 @@ from memory import PeakMemory
 from methods import quimb_stack_fits, run_quimb_stack
 from problems import tiny_stack
 from timing import best_of, task_profile
-from transfers import TransferWatch, write_detail
+from tools.transfers import TransferWatch, write_detail
 
 
 class _KeptInputs(logging.Handler):

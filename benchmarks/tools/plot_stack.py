@@ -4,7 +4,7 @@
 split by the pass times it logs), against the time target and
 the FLOP floor (benchmarks/flops.py) at the GEMM rate of its run.
 
-    python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
+    python benchmarks/tools/plot_stack.py benchmarks/results/stack_gpu_*.json
     (writes benchmarks/results/stack_gpu.png; --out elsewhere)
 """
 

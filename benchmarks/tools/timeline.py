@@ -26,9 +26,9 @@ next one's first start there): the waits for the scheduler's round trip and for 
 Pass 1 is summed up by its pace: the time between the ends of consecutive sites' last
 block.
 
-    python benchmarks/timeline.py DIR/tasks_w2_memory.json
-    python benchmarks/timeline.py DIR/tasks_w1_memory.json DIR/tasks_w2_memory.json --sites 5
-    python benchmarks/timeline.py benchmarks/results/x2_tasks/dm1000_w2_memory.json.gz
+    python benchmarks/tools/timeline.py DIR/tasks_w2_memory.json
+    python benchmarks/tools/timeline.py DIR/tasks_w1_memory.json DIR/tasks_w2_memory.json --sites 5
+    python benchmarks/tools/timeline.py benchmarks/results/x2_tasks/dm1000_w2_memory.json.gz
 """
 
 from __future__ import annotations

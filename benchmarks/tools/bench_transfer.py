@@ -15,14 +15,14 @@ on several GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the
 protocol and allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses
 it).
 
-    python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
-    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
-    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
+    python benchmarks/tools/bench_transfer.py --protocol tcp ucx --rmm async pool
+    python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
+    python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
         --ucx-sync device stream   # while both GPUs compute: the comm's two waits
-    python benchmarks/bench_transfer.py --scheduler-file sched.json  # workers already up:
+    python benchmarks/tools/bench_transfer.py --scheduler-file sched.json  # workers already up:
         # dask scheduler --protocol ucx --scheduler-file sched.json &
         # dask cuda worker --scheduler-file sched.json --rmm-pool-size 16GB &
-    python benchmarks/bench_transfer.py --best benchmarks/results/transfer_gpu.json
+    python benchmarks/tools/bench_transfer.py --best benchmarks/results/transfer_gpu.json
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the seed's reference size D_M=4000/χ_out=2000 above all. For each stack and GPU
 count it prints the plan and whether it fits: device peak within the device limit,
 what spills within the host's memory, the inputs and a store within the disk.
 
-    python benchmarks/plan_reference.py                      # 1, 2, 4 x H200
-    python benchmarks/plan_reference.py --gpus 4 --dm 4000 --chi-out 2000 --json out.json
+    python benchmarks/tools/plan_reference.py                      # 1, 2, 4 x H200
+    python benchmarks/tools/plan_reference.py --gpus 4 --dm 4000 --chi-out 2000 --json out.json
 
 The inputs are the lazy trains of ``src_dask.problems.stack`` (nothing is drawn).
 """
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                             "plan": dataclasses.asdict(p), "fits": fits})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": " ".join(["python benchmarks/plan_reference.py",
+            json.dump({"command": " ".join(["python benchmarks/tools/plan_reference.py",
                                             *(argv or sys.argv[1:])]),
                        "date": datetime.date.today().isoformat(),
                        "note": "a plan for described machines, computed on a CPU: no run",

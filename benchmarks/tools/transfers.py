@@ -417,7 +417,7 @@ def summarise(workers: dict[str, dict[str, Any]], scheduler: dict[str, Any],
     loops["scheduler"] = _loop(scheduler["loop"], t0, [], None)
     return {
         "what": "the last timed call's incoming transfers on every worker, grouped by the "
-                "transferred key's step > the dependent's step (benchmarks/transfers.py)",
+                "transferred key's step > the dependent's step (benchmarks/tools/transfers.py)",
         "n": len(detail), "bytes": sum(t["bytes"] for t in detail),
         "duration_s": _r(sum(t["duration_s"] for t in detail)),
         "by_prefix": summary, "event_loop": loops,
