@@ -11,8 +11,7 @@ In one process this script
 
 1. measures the machine's complex128 GEMM rate (numpy matmul, best of 5; also on
    one BLAS thread, what a single-threaded cluster worker can reach);
-2. counts the problem's FLOPs (benchmarks/flops.py: complex multiply-add = 8 flop,
-   opt_einsum's optimal path per site, QRs not counted);
+2. counts the problem's FLOPs as ``src_dask.plan`` counts them (benchmarks/flops.py);
 3. times quimb's ``psi.gate_with_mpo(A, method="src", max_bond=chi_out)``;
 4. times ``src_dask.apply(A, psi, chi_out, seed=0)`` on Dask's local threaded
    scheduler, then on a ``distributed.LocalCluster`` of 2 single-threaded
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 from accuracy import ExactProduct, core_difference
 from device import Device, gemm_rate, run_gemm
-from flops import CONVENTION, LEGEND, mpo_mps_flops, rates
+from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
     Record,
     check_targets,
@@ -131,7 +130,7 @@ def report(record: Record) -> None:
              f"{errors[k]['rel_error']:.4e}", runs_text(t["times_s"]),
              " ".join(f"{x:.2f}" for x in t.get("foreign_cpu_s", []))]
             for k, t in record["timings"].items()]
-    legend = [LEGEND, f"GEMM complex128 {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s; "
+    legend = [PLAN_LEGEND, f"GEMM complex128 {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s; "
               f"{record['flops']['total']:.3e} flop"]
     if "cores_threads_vs_cluster" in errors:
         legend.append("threads vs cluster, max relative core difference: "
@@ -149,13 +148,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record = Record("MPO·MPS by SRC on the CPU: src_dask (threads, LocalCluster) against "
                     "quimb src", device,
                     problem=mpo_mps_spec(args.L, args.chi, args.mpo_bond, args.seed),
-                    repeats=args.repeats, flop_convention=CONVENTION)
+                    repeats=args.repeats, flop_convention=PLAN_CONVENTION)
     print(record.header())
     record.update(measure_gemm(args, device))
     gemm = record["gemm_complex128"]
 
     A, psi = mpo_mps(args.L, args.chi, args.mpo_bond, args.seed)
-    flops = record["flops"] = mpo_mps_flops(A, psi, sketch=args.chi)
+    flops = record["flops"] = plan_flops(A, psi, sketch=args.chi)
     print(f"problem: L={args.L}, chi={args.chi}, D={args.mpo_bond}: {flops['total']:.3e} flop")
     timings, results = time_methods(A, psi, args, device)
     for t in timings.values():

@@ -37,10 +37,10 @@ from accuracy import core_difference
 from dask.utils import key_split
 from device import Device, run_gemm
 from distributed import get_task_stream
-from flops import CONVENTION, rates, src_flops
+from flops import PLAN_CONVENTION, plan_flops, rates
 from harness import Record, output_path, parser, print_table
 from memory import PeakMemory
-from problems import generate_inputs, open_inputs, site_shapes, stack_spec, tiny_stack
+from problems import generate_inputs, open_inputs, stack_spec, stack_trains, tiny_stack
 
 import src_dask
 
@@ -256,10 +256,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     name = args.name or f"memory_ladder_dm{args.dm}" + ("_host" if args.host_limit else "")
     out = output_path(args.out, f"{name}.json", args.quick)
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
-    flops = src_flops(site_shapes(sp), args.chi_out)
+    flops = plan_flops(*stack_trains(sp), sketch=args.chi_out)
     record = Record("the memory ladder: the stack on one GPU worker with its RMM pool capped",
                     device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out},
-                    flops=flops, flop_convention=CONVENTION, caps_GB=args.caps,
+                    flops=flops, flop_convention=PLAN_CONVENTION, caps_GB=args.caps,
                     limit_fraction=args.limit_fraction, host_limit=args.host_limit,
                     threads=args.threads, runs={})
     print(record.header())

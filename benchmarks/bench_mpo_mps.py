@@ -18,7 +18,7 @@ everything runs on the CPU with NumPy. In one process the script
    ``oversample="auto"`` (one warm-up, then the best of ``--repeats``; the device
    is synchronized before each timer stops), in the order quimb src, ours, quimb
    src-oversample, ours oversampled, zipup;
-3. reports per run: wall time, FLOPs (benchmarks/flops.py; zipup not counted),
+3. reports per run: wall time, FLOPs (``src_dask.plan``'s, benchmarks/flops.py; zipup not counted),
    TFLOP/s, fraction of the GEMM rate, ratio to quimb src, peak host RSS and
    device memory, and the error against the exact product ``A psi`` (overlaps,
    no dense vectors);
@@ -43,7 +43,7 @@ from typing import Any
 
 from accuracy import ExactProduct
 from device import Device, run_gemm
-from flops import CONVENTION, LEGEND, mpo_mps_flops, rates
+from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
     Record,
     cell,
@@ -123,7 +123,7 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
     runs = out["runs"]
     for method in methods_for(chi, args):
         s = sketch_width(method, chi)
-        flops = mpo_mps_flops(A, psi, sketch=s) if s else None
+        flops = plan_flops(A, psi, sketch=s) if s else None
         entry, result = measure(mpo_mps_runner(method, A, psi, chi, device, args.seed), args,
                                 device, flops and flops["total"], gemm)
         entry["sketch_width"] = s
@@ -170,7 +170,7 @@ def report(record: dict[str, Any]) -> None:
     gemm = record["gemm_complex128"]
     print_table(["chi", "method", "best s", "/quimb src", "GFLOP/s", "of GEMM", "rel err",
                  "host GB", "device GB", "pool GB", "runs s"], rows, [
-        LEGEND,
+        PLAN_LEGEND,
         f"GEMM complex128 {gemm['n']}^3 on the {gemm['device'].upper()}: "
         f"{gemm['tflops']:.3f} TFLOP/s. host GB: peak RSS; device GB: peak device-wide use "
         "above the baseline; pool GB: CuPy pool high-water above the baseline"],
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "MPO·MPS by SRC: src_dask against quimb src, src-oversample, zipup", device,
         problem={**mpo_mps_spec(args.L, "chi", args.mpo_bond, args.seed), "chis": args.chi,
                  "sketch_seed": args.seed},
-        repeats=args.repeats, budget_s=args.budget_s, flop_convention=CONVENTION,
+        repeats=args.repeats, budget_s=args.budget_s, flop_convention=PLAN_CONVENTION,
         notes=["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
                "the rounding sweep; zipup's FLOPs are not counted",
                "src_dask returns NumPy cores (device -> host copy included in its time); "

@@ -28,8 +28,8 @@ The script
    N GPUs (``device="cpu"`` with ``--device cpu``: simulated devices), as runs
    ``srcmethod_g<N>`` (benchmarks/tools/peers.py); skipped, saying why, where it is not
    installed;
-6. reports per run: wall time, FLOPs (benchmarks/flops.py), TFLOP/s, fraction of
-   the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
+6. reports per run: wall time, FLOPs (``src_dask.plan``'s, benchmarks/flops.py),
+   TFLOP/s, fraction of the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
    and device memory, bytes spilled by the workers, where the time went, and the
    largest core difference from the first run (the sketch depends only on the seed);
    src-method's results against ours by norm ratio and distance (its sketches are
@@ -62,7 +62,7 @@ from typing import Any
 import clusters
 from accuracy import core_difference
 from device import Device, run_gemm
-from flops import CONVENTION, LEGEND, rates, src_flops
+from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
     Record,
     cell,
@@ -76,13 +76,11 @@ from harness import (
 )
 from problems import (
     STACK_TARGETS,
-    env_bytes,
     free_bytes,
     generate_inputs,
-    input_bytes,
     open_inputs,
-    site_shapes,
     stack_spec,
+    stack_trains,
 )
 from stack_runs import run_config, time_quimb
 from timing import profile_text
@@ -152,7 +150,7 @@ def report(record: dict[str, Any]) -> None:
                      cell(diff, ".1e"),
                      e.get("cluster", "this process")])
     gemm = record["gemm_complex128"]
-    legend = [LEGEND, f"{record['flops']['total']:.3e} flop; GEMM complex128 {gemm['n']}^3 on "
+    legend = [PLAN_LEGEND, f"{record['flops']['total']:.3e} flop; GEMM complex128 {gemm['n']}^3 on "
               f"the {gemm['device'].upper()}: {gemm['tflops']:.3f} TFLOP/s. host GB: peak RSS "
               "of this process and the workers; device GB: peak device-wide use above the "
               "baseline"]
@@ -192,18 +190,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = Device(args.device, cluster=True)
     out = output_path(args.out, f"stack_{device.name}_dm{args.dm}.json", args.quick)
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
-    shapes = site_shapes(sp)
-    envs = env_bytes(shapes, args.chi_out)
-    flops = src_flops(shapes, args.chi_out)
+    flops = plan_flops(*stack_trains(sp), sketch=args.chi_out)
+    envs = flops["env_bytes"]
     result_bytes = args.sites * args.chi_out**2 * args.phys**2 * 16
     earlier = earlier_record(args.merge, out)
     record = Record(
         "the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb src "
         "and src-method",
         device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
-        sizes={"inputs_bytes": input_bytes(sp), "environments_bytes": envs,
+        sizes={"inputs_bytes": flops["input_bytes"], "environments_bytes": envs,
                "result_bytes_at_most": result_bytes},
-        flops=flops, flop_convention=CONVENTION, repeats=args.repeats,
+        flops=flops, flop_convention=PLAN_CONVENTION, repeats=args.repeats,
         full_warmup=args.full_warmup, runs=earlier.get("runs", {}))
     print(record.header())
     print(f"stack: {args.sites} sites, bonds {list(sp['bonds'].values())}, phys {args.phys}x"

@@ -10,7 +10,7 @@ from typing import Any
 
 from device import Device
 from memory import PeakMemory
-from problems import input_bytes, tiny_stack
+from problems import tiny_stack
 from timing import best_of
 
 #: The MPO·MPS methods, in the order they run: quimb's src first (ratios refer to it),
@@ -73,10 +73,11 @@ def quimb_stack(trains, device: Device):
     return stack
 
 
-def quimb_stack_fits(sp: dict[str, Any], envs: int, device: Device,
+def quimb_stack_fits(inputs: int, envs: int, device: Device,
                      host_memory: int) -> tuple[bool, str]:
-    """Whether quimb's run (inputs and all sketch environments in memory) fits."""
-    need = input_bytes(sp) + envs
+    """Whether quimb's run (``inputs`` and all sketch environments, ``envs`` bytes, in
+    memory) fits."""
+    need = inputs + envs
     if device.is_gpu:
         have, where = 0.7 * device.describe()["memory_bytes"], "70% of device memory"
     else:

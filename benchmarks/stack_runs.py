@@ -133,7 +133,8 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
 def time_quimb(record: dict[str, Any], earlier: dict[str, Any], trains, args, device: Device,
                envs: int, gemm: dict[str, Any]) -> dict[str, Any]:
     """quimb's entry: timed here (``--quimb``), kept from ``--merge``, or why not."""
-    fits, why = quimb_stack_fits(record["problem"], envs, device, clusters.host_memory())
+    fits, why = quimb_stack_fits(record["sizes"]["inputs_bytes"], envs, device,
+                                 clusters.host_memory())
     if args.quimb == "yes" or (args.quimb == "auto" and fits):
         try:
             entry = run_quimb_stack(trains, args.chi_out, args.phys, args.seed, args.repeats,
