@@ -15,6 +15,11 @@ on several GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the
 protocol and allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses
 it).
 
+It lives in tools/, not beside the benchmarks, because ``--ucx-sync`` measures
+src_dask's own UCX patch outside a run: what Dask's UCX comm waits for is switched by
+the private ``src_dask._ucx.ucx_waits_for_default_stream`` (a run switches it itself,
+from the config ``src_dask.ucx-sync``; no public call does it between runs).
+
     python benchmarks/tools/bench_transfer.py --protocol tcp ucx --rmm async pool
     python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
     python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
