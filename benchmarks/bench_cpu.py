@@ -29,7 +29,6 @@ Each timing is one warm-up run then the best of ``--repeats`` runs.
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -37,9 +36,10 @@ from accuracy import ExactProduct, core_difference
 from device import Device, gemm_rate, run_gemm
 from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
+    Config,
     Record,
     check_targets,
-    output_path,
+    execute_benchmark,
     parser,
     print_table,
     print_targets,
@@ -140,19 +140,10 @@ def report(record: Record) -> None:
     print_targets(record["targets"])
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    device = Device("cpu")
-    out = output_path(args.out, f"cpu_mpo_mps_chi{args.chi}.json", args.quick)
-    record = Record("MPO·MPS by SRC on the CPU: src_dask (threads, LocalCluster) against "
-                    "quimb src", device,
-                    problem=mpo_mps_spec(args.L, args.chi, args.mpo_bond, args.seed),
-                    repeats=args.repeats, flop_convention=PLAN_CONVENTION)
-    print(record.header())
+def run(args, record: Record, device: Device) -> None:
+    """GEMM rates, FLOPs, the timings, the errors and the targets, into ``record``."""
     record.update(measure_gemm(args, device))
     gemm = record["gemm_complex128"]
-
     A, psi = mpo_mps(args.L, args.chi, args.mpo_bond, args.seed)
     flops = record["flops"] = plan_flops(A, psi, sketch=args.chi)
     print(f"problem: L={args.L}, chi={args.chi}, D={args.mpo_bond}: {flops['total']:.3e} flop")
@@ -164,9 +155,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record["errors"] = errors_of(A, psi, results, args.L)
     ours = {k: t for k, t in timings.items() if k != "quimb_src"}
     record["targets"] = check_targets(MPO_MPS_TARGETS.get(("cpu", args.chi), ()), ours)
-    report(record)
-    record.write(out)
-    return record
+
+
+CONFIG = Config(
+    measures="MPO·MPS by SRC on the CPU: src_dask (threads, LocalCluster) against quimb src",
+    name=lambda args, device: f"cpu_mpo_mps_chi{args.chi}.json",
+    device=lambda args: Device("cpu"), run=run, report=report,
+    fields=lambda args: {"problem": mpo_mps_spec(args.L, args.chi, args.mpo_bond, args.seed),
+                         "repeats": args.repeats, "flop_convention": PLAN_CONVENTION})
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +44,13 @@ from accuracy import ExactProduct
 from device import Device, run_gemm
 from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
+    Config,
     Record,
     cell,
     check_targets,
     earlier_record,
+    execute_benchmark,
     gb,
-    output_path,
     parser,
     print_table,
     print_targets,
@@ -210,35 +210,43 @@ def plot(record: dict[str, Any], path: Path) -> None:
     print(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    if args.plot_only:
-        record = json.loads(args.plot_only.read_text())
-        plot(record, args.plot_only.with_suffix(".png"))
-        return record
-    device = Device(args.device)
-    out = output_path(args.out, f"mpo_mps_{device.name}.json", args.quick)
-    record = Record(
-        "MPO·MPS by SRC: src_dask against quimb src, src-oversample, zipup", device,
-        problem={**mpo_mps_spec(args.L, "chi", args.mpo_bond, args.seed), "chis": args.chi,
-                 "sketch_seed": args.seed},
-        repeats=args.repeats, budget_s=args.budget_s, flop_convention=PLAN_CONVENTION,
-        notes=["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
-               "the rounding sweep; zipup's FLOPs are not counted",
-               "src_dask returns NumPy cores (device -> host copy included in its time); "
-               "quimb's result stays on the device"],
-        results=earlier_record(args.merge, out).get("results", {}))
-    print(record.header())
+def run(args, record: Record, device: Device) -> None:
+    """The GEMM rate, then every chi (the record written after each), into ``record``."""
+    record["results"] = earlier_record(args.merge, record.path).get("results", {})
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
     for chi in args.chi:
         record["results"][str(chi)] = run_chi(chi, args, device, gemm)
         record["targets"] = targets(record)
-        record.write(out)
+        record.save()
+
+
+def report_and_plot(record: Record) -> None:
     report(record)
-    if out is not None:
-        plot(record, out.with_suffix(".png"))
-    return record
+    if record.path is not None:
+        plot(record, record.path.with_suffix(".png"))
+
+
+CONFIG = Config(
+    measures="MPO·MPS by SRC: src_dask against quimb src, src-oversample, zipup",
+    name=lambda args, device: f"mpo_mps_{device.name}.json",
+    device=lambda args: Device(args.device), run=run, report=report_and_plot,
+    fields=lambda args: {
+        "problem": {**mpo_mps_spec(args.L, "chi", args.mpo_bond, args.seed), "chis": args.chi,
+                    "sketch_seed": args.seed},
+        "repeats": args.repeats, "budget_s": args.budget_s, "flop_convention": PLAN_CONVENTION,
+        "notes": ["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
+                  "the rounding sweep; zipup's FLOPs are not counted",
+                  "src_dask returns NumPy cores (device -> host copy included in its time); "
+                  "quimb's result stays on the device"]})
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.plot_only:
+        record = json.loads(args.plot_only.read_text())
+        plot(record, args.plot_only.with_suffix(".png"))
+        return record
+    return execute_benchmark(CONFIG, args)
 
 
 if __name__ == "__main__":

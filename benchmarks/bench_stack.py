@@ -55,7 +55,6 @@ The script
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +63,13 @@ from accuracy import core_difference
 from device import Device, run_gemm
 from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
+    Config,
     Record,
     cell,
     check_targets,
     earlier_record,
+    execute_benchmark,
     gb,
-    output_path,
     parser,
     print_table,
     print_targets,
@@ -184,25 +184,24 @@ def peer_text(key: str, e: dict[str, Any]) -> str:
     return "; ".join(words)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    device = Device(args.device, cluster=True)
-    out = output_path(args.out, f"stack_{device.name}_dm{args.dm}.json", args.quick)
+def fields(args) -> dict[str, Any]:
+    """The problem, its sizes and FLOPs (``src_dask.plan``'s), the options."""
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
     flops = plan_flops(*stack_trains(sp), sketch=args.chi_out)
-    envs = flops["env_bytes"]
-    result_bytes = args.sites * args.chi_out**2 * args.phys**2 * 16
-    earlier = earlier_record(args.merge, out)
-    record = Record(
-        "the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb src "
-        "and src-method",
-        device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
-        sizes={"inputs_bytes": flops["input_bytes"], "environments_bytes": envs,
-               "result_bytes_at_most": result_bytes},
-        flops=flops, flop_convention=PLAN_CONVENTION, repeats=args.repeats,
-        full_warmup=args.full_warmup, runs=earlier.get("runs", {}))
-    print(record.header())
+    return {"problem": {**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
+            "sizes": {"inputs_bytes": flops["input_bytes"],
+                      "environments_bytes": flops["env_bytes"],
+                      "result_bytes_at_most": args.sites * args.chi_out**2 * args.phys**2 * 16},
+            "flops": flops, "flop_convention": PLAN_CONVENTION, "repeats": args.repeats,
+            "full_warmup": args.full_warmup}
+
+
+def run(args, record: Record, device: Device) -> None:
+    """The inputs, the GEMM rate, quimb, every configuration (workers, mode) and the
+    peers, into ``record`` (written after every run)."""
+    sp, flops, envs = record["problem"], record["flops"], record["sizes"]["environments_bytes"]
+    earlier = earlier_record(args.merge, record.path)
+    record["runs"] = earlier.get("runs", {})
     print(f"stack: {args.sites} sites, bonds {list(sp['bonds'].values())}, phys {args.phys}x"
           f"{args.phys}, chi_out {args.chi_out}: {flops['total']:.3e} flop; environments "
           f"{envs / 1e9:.2f} GB (in the cluster without a store, on disk with one)")
@@ -212,48 +211,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
     record["quimb"] = quimb = time_quimb(record, earlier, trains, args, device, envs, gemm)
     found = STACK_TARGETS.get((device.name, args.dm, args.chi_out), ())
-    compare = not args.no_compare and result_bytes <= COMPARE_MAX_BYTES
+    compare = not args.no_compare and record["sizes"]["result_bytes_at_most"] <= COMPARE_MAX_BYTES
     first = first_key = None
 
-    def save() -> None:
+    def add(key: str, entry: dict[str, Any]) -> None:
+        if "best_s" in entry:
+            entry.update(flops=flops["total"], **rates(flops["total"], entry["best_s"], gemm))
+            if "best_s" in quimb:
+                entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
+        record["runs"][key] = entry
         record["ratios"] = peer_ratios(record["runs"])
         ours = {k: e for k, e in record["runs"].items() if not is_peer(k)}
         record["targets"] = check_targets(found, ours)
-        record.write(out)
+        record.save()
 
     for n_workers in args.workers:
         for mode in args.modes:
             key = f"w{n_workers}_{mode}" + ("_schedfile" if args.scheduler_file else "")
             if mode == "store" and free_bytes(args.workdir) < 1.1 * envs:
-                record["runs"][key] = {"skipped": f"the run store needs about "
-                                       f"{1.1 * envs / 1e9:.1f} GB; "
-                                       f"{free_bytes(args.workdir) / 1e9:.1f} GB free"}
+                add(key, {"skipped": f"the run store needs about {1.1 * envs / 1e9:.1f} GB; "
+                                     f"{free_bytes(args.workdir) / 1e9:.1f} GB free"})
                 print(f"{key}: skipped, {record['runs'][key]['skipped']}")
-                save()
                 continue
             entry, result = run_config(trains, n_workers, mode, args, device, keep=compare)
-            entry.update(flops=flops["total"], **rates(flops["total"], entry["best_s"], gemm))
-            if "best_s" in quimb:
-                entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
             if compare:
                 first, first_key = (result, key) if first is None else (first, first_key)
                 entry["core_diff_vs_first"] = core_difference(first, result)
-            record["runs"][key] = entry
+            add(key, entry)
             print(f"{key}: best {entry['best_s']:.3f} s ({entry['cluster']}; started in "
                   f"{entry['cluster_startup_s']:.1f} s, not counted)", flush=True)
-            save()
     if args.src_method_devices:
         for key, entry in time_peers(trains, args, device, first, first_key,
                                      keep=compare).items():
-            if "best_s" in entry:
-                entry.update(flops=flops["total"],
-                             **rates(flops["total"], entry["best_s"], gemm))
-                if "best_s" in quimb:
-                    entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
-            record["runs"][key] = entry
-        save()
-    report(record)
-    return record
+            add(key, entry)
+
+
+CONFIG = Config(
+    measures="the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb "
+             "src and src-method",
+    name=lambda args, device: f"stack_{device.name}_dm{args.dm}.json",
+    device=lambda args: Device(args.device, cluster=True), run=run, report=report,
+    fields=fields)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":
