@@ -25,21 +25,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from accuracy import core_difference
-from dask.utils import key_split
 from device import Device, run_gemm
 from distributed import get_task_stream
 from flops import PLAN_CONVENTION, plan_flops, rates
 from harness import Config, Record, execute_benchmark, parser, print_table
 from memory import PeakMemory
 from problems import generate_inputs, open_inputs, stack_spec, stack_trains, tiny_stack
+from timing import task_profile
 
 import src_dask
 
@@ -63,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/src_dask_bench"))
     p.add_argument("--name", default=None, help="record file name (default by D_M)")
     p.add_argument("--tasks", action="store_true",
-                   help="record each rung's task stream: compute seconds per step and part, "
-                        "the spans of the passes, the worker's event-loop warnings")
+                   help="record each rung's task stream: compute, transfer and disk seconds "
+                        "per step, the spans of the passes, the worker's event-loop warnings")
     args = p.parse_args(argv)
     if args.quick:
         args.sites, args.dm, args.chi_out, args.caps = 6, 16, 8, [0, 1]
@@ -111,26 +109,6 @@ class _WorkerData:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def task_summary(stream: list[dict[str, Any]]) -> dict[str, Any]:
-    """Seconds per step and part (summed over tasks: compute, transfer, disk), the
-    count of tasks, and each pass's span (first start to last end)."""
-    steps: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    spans: dict[str, list[float]] = {}
-    for task in stream:
-        key = task["key"]
-        head = key[0] if isinstance(key, tuple) else key
-        step = key_split(head).split("_site")[0]
-        parts = [p for p in (key[1:] if isinstance(key, tuple) else ()) if isinstance(p, str)]
-        row = steps[" ".join([step, *parts])]
-        row["tasks"] += 1
-        for ss in task.get("startstops", ()):
-            row[ss["action"]] += ss["stop"] - ss["start"]
-            lo, hi = spans.get(step, (math.inf, -math.inf))
-            spans[step] = [min(lo, ss["start"]), max(hi, ss["stop"])]
-    return {"steps": {k: dict(v) for k, v in sorted(steps.items())},
-            "spans": {k: hi - lo for k, (lo, hi) in spans.items()}}
 
 
 def _loop_warnings(client: Any) -> list[str]:
@@ -228,7 +206,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                 return entry, None
             entry["seconds"] = time.perf_counter() - start
         if args.tasks:
-            entry["tasks"] = task_summary(tasks.data)
+            entry["tasks"] = task_profile(tasks.data)
             entry["tasks"]["event_loop_warnings"] = _loop_warnings(client)
             print(json.dumps(entry["tasks"], indent=1), flush=True)
         entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
