@@ -17,18 +17,22 @@
 - :func:`print_table`: one aligned table and its legend.
 - :class:`Target`, :func:`check_targets`, :func:`print_targets`: bounds a run
   must meet, checked the same way by every script.
+- :func:`captured_log`: the messages a library logs while a block runs (what it
+  decided, what its own log times).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import logging
 import os
 import socket
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -266,3 +270,30 @@ def print_targets(results: Iterable[Mapping[str, Any]]) -> None:
         print(f"target {t['run']}: {t['what']} {t['value']:.4g} "
               f"{'<=' if t['at_most'] else '>='} {t['bound']}: "
               f"{'met' if t['met'] else 'NOT met'}")
+
+
+# -- logs --------------------------------------------------------------------------
+@contextlib.contextmanager
+def captured_log(name: str, level: int,
+                 propagate: bool | None = None) -> Iterator[list[str]]:
+    """The messages logger ``name`` emits at ``level`` or above while the block runs,
+    in a list (clear it between calls); ``propagate=False`` keeps them from the root
+    logger's handlers meanwhile."""
+    lines: list[str] = []
+    log = logging.getLogger(name)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, before = Keep(level), (log.level, log.propagate)
+    log.setLevel(level)
+    if propagate is not None:
+        log.propagate = propagate
+    log.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(before[0])
+        log.propagate = before[1]

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from accuracy import core_difference, train_distance
 from device import Device
+from harness import captured_log
 from memory import PeakMemory
 from problems import tiny_stack
 from timing import best_of
@@ -82,45 +83,20 @@ def load_host(trains) -> tuple[list[list[np.ndarray]], float]:
     return host, seconds
 
 
-class _SweepLog(logging.Handler):
-    """src-method's debug lines of the last call: pass times per device, stalls, plan."""
+#: src-method's debug line of one pass's time (per device when it runs on several).
+PASS = re.compile(r"^(?:Device (\d+): )?(Left-to-right|Right-to-left) sweep: ([\d.]+) s")
 
-    PASS = re.compile(r"^(?:Device (\d+): )?(Left-to-right|Right-to-left) sweep: ([\d.]+) s")
 
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def reset(self) -> None:
-        self.lines = []
-
-    def profile(self) -> dict[str, Any]:
-        """The last call's pass spans (the slowest device's), in bench_stack's profile
-        keys, with the log lines themselves."""
-        spans: dict[str, float] = {}
-        for line in self.lines:
-            m = self.PASS.match(line)
-            if m:
-                key = "pass1_span_s" if m.group(2) == "Left-to-right" else "pass2_span_s"
-                spans[key] = max(spans.get(key, 0.0), float(m.group(3)))
-        return {"per_step": {}, **spans, "log": list(self.lines)}
-
-    def __enter__(self) -> _SweepLog:
-        log = logging.getLogger("src_method")
-        self.before = (log.level, log.propagate)
-        log.setLevel(logging.DEBUG)
-        log.propagate = False  # its debug lines go here, not to a root handler
-        log.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        log = logging.getLogger("src_method")
-        log.removeHandler(self)
-        log.setLevel(self.before[0])
-        log.propagate = self.before[1]
+def sweep_profile(lines: list[str]) -> dict[str, Any]:
+    """The pass spans (the slowest device's) of src-method's debug lines of a call, in
+    bench_stack's profile keys, with the lines themselves."""
+    spans: dict[str, float] = {}
+    for line in lines:
+        m = PASS.match(line)
+        if m:
+            key = "pass1_span_s" if m.group(2) == "Left-to-right" else "pass2_span_s"
+            spans[key] = max(spans.get(key, 0.0), float(m.group(3)))
+    return {"per_step": {}, **spans, "log": list(lines)}
 
 
 def free_pools(device: Device, n_devices: int) -> None:
@@ -150,16 +126,16 @@ def run_srcmethod(sm, host: list[list[np.ndarray]], n_devices: int, args,
         return sm.src(*trains, chi_out=chi_out, oversample=1.0, seed=seed, device=where,
                       resources=resources)
 
-    with _SweepLog() as log:
+    with captured_log("src_method", logging.DEBUG, propagate=False) as log:
         t0 = time.perf_counter()
         call([t.to_numpy() for t in tiny_stack(args.phys)], 4, 0)
         warm = time.perf_counter() - t0
         free_pools(device, n_devices)
         with PeakMemory(device) as memory:
             timing, result = best_of(lambda: call(host, args.chi_out, args.seed),
-                                     args.repeats, sync=device.sync, setup=log.reset,
+                                     args.repeats, sync=device.sync, setup=log.clear,
                                      warmup=args.full_warmup)
-        profile = log.profile()
+        profile = sweep_profile(log)
     free_pools(device, n_devices)
     what = (f"src_method {getattr(sm, '__version__', '?')}.src(device={where!r}, "
             f"Resources(devices={n_devices})) in this process"
