@@ -145,7 +145,7 @@ def run(args, record: Record, device: Device) -> None:
     record.update(measure_gemm(args, device))
     gemm = record["gemm_complex128"]
     A, psi = mpo_mps(args.L, args.chi, args.mpo_bond, args.seed)
-    flops = record["flops"] = plan_flops(A, psi, sketch=args.chi)
+    flops = record["flops"] = plan_flops(A, psi, chi_out=args.chi)
     print(f"problem: L={args.L}, chi={args.chi}, D={args.mpo_bond}: {flops['total']:.3e} flop")
     timings, results = time_methods(A, psi, args, device)
     for t in timings.values():

@@ -267,7 +267,7 @@ def report(record: Record) -> None:
 def fields(args) -> dict[str, Any]:
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
     return {"problem": {**sp, "dm": args.dm, "chi_out": args.chi_out},
-            "flops": plan_flops(*stack_trains(sp), sketch=args.chi_out),
+            "flops": plan_flops(*stack_trains(sp), chi_out=args.chi_out),
             "flop_convention": PLAN_CONVENTION, "caps_GB": args.caps,
             "limit_fraction": args.limit_fraction, "host_limit": args.host_limit,
             "threads": args.threads, "runs": {}}

@@ -42,7 +42,7 @@ from typing import Any
 
 from accuracy import ExactProduct
 from device import Device, run_gemm
-from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
+from flops import PLAN_CONVENTION, PLAN_LEGEND, rates
 from harness import (
     Config,
     Record,
@@ -56,7 +56,7 @@ from harness import (
     print_targets,
 )
 from memory import PeakMemory
-from methods import MPO_MPS_METHODS, as_quimb, mpo_mps_runner, sketch_width
+from methods import MPO_MPS_METHODS, as_quimb, method_flops, mpo_mps_runner
 from problems import MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
 from timing import best_of, runs_text
 
@@ -122,11 +122,10 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
         out["exact_norm"] = math.sqrt(exact.norm2)
     runs = out["runs"]
     for method in methods_for(chi, args):
-        s = sketch_width(method, chi)
-        flops = plan_flops(A, psi, sketch=s) if s else None
+        flops = method_flops(method, A, psi, chi)
         entry, result = measure(mpo_mps_runner(method, A, psi, chi, device, args.seed), args,
                                 device, flops and flops["total"], gemm)
-        entry["sketch_width"] = s
+        entry["sketch_width"] = flops and flops["sketch_width"]
         if flops:
             entry["flop_breakdown"] = flops
         if exact is not None:

@@ -187,7 +187,7 @@ def peer_text(key: str, e: dict[str, Any]) -> str:
 def fields(args) -> dict[str, Any]:
     """The problem, its sizes and FLOPs (``src_dask.plan``'s), the options."""
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
-    flops = plan_flops(*stack_trains(sp), sketch=args.chi_out)
+    flops = plan_flops(*stack_trains(sp), chi_out=args.chi_out)
     return {"problem": {**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
             "sizes": {"inputs_bytes": flops["input_bytes"],
                       "environments_bytes": flops["env_bytes"],

@@ -46,19 +46,20 @@ def einsum_flops(eq: str, *shapes: Sequence[int]) -> float:
     return _cost(eq, tuple(tuple(int(d) for d in s) for s in shapes)) / 2 * 8
 
 
-def plan_flops(*trains: Any, sketch: int) -> dict[str, Any]:
-    """FLOPs of SRC's step on ``trains`` with ``sketch`` columns, per pass and in all,
-    as ``src_dask.plan`` counts them (planned on the CPU with Dask's local scheduler:
-    the count depends on the shapes alone; a rounding sweep is not counted)."""
+def plan_flops(*trains: Any, chi_out: int, oversample: int | str = 0) -> dict[str, Any]:
+    """FLOPs of SRC's step on ``trains``, per pass, as ``src_dask.plan`` counts them for
+    ``src(*trains, chi_out=chi_out, oversample=oversample)`` (planned on the CPU with
+    Dask's local scheduler: the count depends on the shapes alone). ``total`` is the
+    step's (pass 1 and pass 2); an oversampled run's rounding sweep is listed apart."""
     import dask
 
     import src_dask
 
     with dask.config.set({"src_dask.device": "cpu"}):
-        plan = src_dask.plan(*trains, chi_out=sketch)
+        plan = src_dask.plan(*trains, chi_out=chi_out, oversample=oversample)
     return {"convention": PLAN_CONVENTION, "sketch_width": plan.sketch, **plan.flops,
-            "total": plan.total_flops, "input_bytes": plan.input_bytes,
-            "env_bytes": plan.env_bytes}
+            "total": plan.flops["pass 1"] + plan.flops["pass 2"],
+            "input_bytes": plan.input_bytes, "env_bytes": plan.env_bytes}
 
 
 def rates(flops: float | None, seconds: float, gemm: dict[str, Any]) -> dict[str, Any]:

@@ -4,11 +4,11 @@ src_dask's (plain and ``oversample="auto"``), on the same inputs and device."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from device import Device
+from flops import plan_flops
 from memory import PeakMemory
 from problems import tiny_stack
 from timing import best_of
@@ -23,15 +23,16 @@ QUIMB_METHOD = {"quimb_src": "src", "quimb_src_oversample": "src-oversample",
                 "quimb_zipup": "zipup"}
 
 
-def sketch_width(method: str, chi: int) -> int | None:
-    """Sketch columns of a method's SRC step (None: not an SRC method)."""
-    if method in ("quimb_src", "src_dask"):
-        return chi
+def method_flops(method: str, A, psi, chi: int) -> dict[str, Any] | None:
+    """FLOPs of a method's SRC step on ``A psi`` (:func:`flops.plan_flops`, with the
+    method's sketch width; the rounding sweep of oversampled runs not in ``total``);
+    None for zipup, whose FLOPs are not counted."""
+    if method == "quimb_zipup":
+        return None
     if method == "quimb_src_oversample":  # quimb's default max_bond_oversample
-        return max(round(1.5 * chi), chi + 10)
-    if method == "src_dask_oversample":  # oversample="auto"
-        return chi + max(math.ceil(chi / 2), 10)
-    return None
+        return plan_flops(A, psi, chi_out=max(round(1.5 * chi), chi + 10))
+    return plan_flops(A, psi, chi_out=chi,
+                      oversample="auto" if method == "src_dask_oversample" else 0)
 
 
 def mpo_mps_runner(method: str, A, psi, chi: int, device: Device, seed: int,
