@@ -310,3 +310,15 @@ def test_plot_ladder_draws_one_line_per_stack(tmp_path):
     out = tmp_path / "ladder.png"
     plot_ladder.main([*map(str, paths), "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmarks_import_only_public_src_dask():
+    """The benchmarks and their tools use src_dask's public API alone, but for the two
+    tools that measure src_dask's internals themselves (the UCX comm's waits, single
+    kernels)."""
+    internals = {"tools/bench_transfer.py", "tools/profile_kernels.py"}
+    private = re.compile(r"^\s*(from src_dask(\.\w+)* import _|from src_dask\._|"
+                         r"import src_dask\._)", re.M)
+    for path in BENCH.rglob("*.py"):
+        name = path.relative_to(BENCH).as_posix()
+        assert name in internals or not private.search(path.read_text()), name
