@@ -1,26 +1,15 @@
 # ruff: noqa: T201
 """MPO·MPS by SRC on the CPU: src_dask (threads, and a 2-worker LocalCluster) against quimb.
 
-The problem (docs/design.md §5)::
-
-    A   = quimb.tensor.MPO_rand(L, bond_dim=4, phys_dim=2, dtype="complex128")
-    psi = quimb.tensor.MPS_rand_state(L, bond_dim=chi, dtype="complex128")
-    y   = A psi compressed to chi_out = chi
-
-In one process this script
-
-1. measures the machine's complex128 GEMM rate (numpy matmul, best of 5; also on
-   one BLAS thread, what a single-threaded cluster worker can reach);
-2. counts the problem's FLOPs as ``src_dask.plan`` counts them (benchmarks/flops.py);
-3. times quimb's ``psi.gate_with_mpo(A, method="src", max_bond=chi_out)``;
-4. times ``src_dask.apply(A, psi, chi_out, seed=0)`` on Dask's local threaded
-   scheduler, then on a ``distributed.LocalCluster`` of 2 single-threaded
-   worker processes (``client=``);
-5. checks every result against the exact product ``A psi`` without forming a
-   dense vector (overlaps contracted site by site with quimb);
-6. prints a table and writes a JSON record (benchmarks/results/cpu_mpo_mps_chi<chi>.json).
-
-Each timing is one warm-up run then the best of ``--repeats`` runs.
+The problem (docs/design.md §5): quimb's ``MPO_rand(L, bond_dim=4, phys_dim=2)`` times
+``MPS_rand_state(L, bond_dim=chi)``, complex128, compressed to chi_out = chi. The
+script measures the complex128 GEMM rate (all BLAS threads, and one: what a
+single-threaded worker can reach), counts the FLOPs (``src_dask.plan``'s), times
+quimb's ``psi.gate_with_mpo(A, method="src")``, then ``src_dask.apply(A, psi, chi)`` on
+Dask's threaded scheduler and through a ``LocalCluster`` of single-threaded worker
+processes (one warm-up, then the best of ``--repeats``), checks every result against
+the exact product without a dense vector (densely too for L <= 14), and writes
+benchmarks/results/cpu_mpo_mps_chi<chi>.json.
 
     python benchmarks/bench_cpu.py               # the full problem, L=50, chi=200
     python benchmarks/bench_cpu.py --quick       # L=12, chi=32: a smoke test

@@ -1,30 +1,16 @@
 # ruff: noqa: T201
 """MPO·MPS by SRC for several chi: src_dask against quimb's src, src-oversample and zipup.
 
-The problem (docs/design.md §5), for each chi in a list::
-
-    A   = quimb.tensor.MPO_rand(50, bond_dim=4, phys_dim=2, dtype="complex128")
-    psi = quimb.tensor.MPS_rand_state(50, bond_dim=chi, dtype="complex128")
-    y   = A psi compressed to chi_out = chi
-
-On a GPU (CuPy importable and a CUDA device visible) every method runs on the
-device: quimb's arrays are CuPy arrays, and src_dask gets the same CuPy-backed
-objects (Dask's threaded scheduler, ``src_dask.device = "gpu"``). Otherwise
-everything runs on the CPU with NumPy. In one process the script
-
-1. measures the device's complex128 GEMM rate (8192^3 on a GPU, 2048^3 on a CPU);
-2. for each chi: times ``psi.gate_with_mpo(A, method=m, max_bond=chi)`` for m in
-   src, src-oversample, zipup, and ``src_dask.apply(A, psi, chi)`` plain and with
-   ``oversample="auto"`` (one warm-up, then the best of ``--repeats``; the device
-   is synchronized before each timer stops), in the order quimb src, ours, quimb
-   src-oversample, ours oversampled, zipup;
-3. reports per run: wall time, FLOPs (``src_dask.plan``'s, benchmarks/flops.py; zipup not counted),
-   TFLOP/s, fraction of the GEMM rate, ratio to quimb src, peak host RSS and
-   device memory, and the error against the exact product ``A psi`` (overlaps,
-   no dense vectors);
-4. prints a table, writes the record (benchmarks/results/mpo_mps_<device>.json,
-   after every chi, so a run cut short keeps what it finished) and a PNG of time
-   against chi next to it (when matplotlib is importable).
+The problem of bench_cpu.py (L=50, MPO bond 4, chi_out = chi) for each chi in
+``--chi``, on the GPU where CuPy sees one (quimb and src_dask on the same CuPy-backed
+networks, Dask's threaded scheduler), else on the CPU. After the GEMM rate, each chi
+times, one warm-up then the best of ``--repeats`` (the device synchronized before each
+timer stops), quimb src, src_dask, quimb src-oversample, src_dask
+``oversample="auto"`` and zipup, in that order (compared pairs back to back;
+``--budget-s`` cuts a slow method's repeats); per run the record holds the time, FLOPs
+(``src_dask.plan``'s; zipup not counted) and rates, the ratio to quimb src, peak host
+and device memory and the error against the exact product. It is written after every
+chi (benchmarks/results/mpo_mps_<device>.json), with a PNG of time against chi.
 
     python benchmarks/bench_mpo_mps.py                      # chi 200 500 1000 2000
     python benchmarks/bench_mpo_mps.py --chi 1000 2000 --merge --no-zipup

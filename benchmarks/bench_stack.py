@@ -3,52 +3,27 @@
 without a run store, against quimb's src on the whole stack and against the peer
 project src-method on 1 or 2 GPUs.
 
-The problem (docs/design.md §5, ``src_dask.problems.stack``)::
-
-    N, V, M, U = four random MPOs of 50 sites, physical legs 4 x 4, bonds 4, 4, D_M, 4,
-                 complex128, entries (N(0,1) + i N(0,1)) / sqrt(bond * 4)
-    y = src_dask.src(N, V, M, U, chi_out=chi_out)
-
-The script
-
-1. checks the disk under ``--workdir`` and writes the four trains into Zarr with
-   ``src_dask.save``, chunk by chunk (a 51 GB train never sits in memory);
-   inputs of the same size and seed already there are reused;
-2. measures the device's complex128 GEMM rate;
-3. optionally (``--quimb``, on by default where the stack and its environments
-   fit in memory) times quimb's ``tensor_network_1d_compress(N V M U, method="src")``
-   in this process, on the device, as the peer for "ratio to quimb";
-4. for each number of workers and each mode (environments in the cluster, or in
-   a run store on disk): starts a cluster (benchmarks/clusters.py), warms it up
-   on a tiny stack, then times ``src_dask.src`` on the opened trains;
-5. optionally (``--src-method-devices N ...``), after the clusters are gone: reads
-   the same Zarr inputs into host memory (not timed) and times the peer project
-   src-method (``src_method.src(*trains, chi_out, seed, device="gpu",
-   resources=Resources(devices=N))``, PyPI ``src-method==0.5.0``) in this process on
-   N GPUs (``device="cpu"`` with ``--device cpu``: simulated devices), as runs
-   ``srcmethod_g<N>`` (benchmarks/tools/peers.py); skipped, saying why, where it is not
-   installed;
-6. reports per run: wall time, FLOPs (``src_dask.plan``'s, benchmarks/flops.py),
-   TFLOP/s, fraction of the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
-   and device memory, bytes spilled by the workers, where the time went, and the
-   largest core difference from the first run (the sketch depends only on the seed);
-   src-method's results against ours by norm ratio and distance (its sketches are
-   its own); the ratios ours 2 / ours 1 worker and ours / src-method on as many
-   GPUs (``ratios``, and ``ratio_to_*`` in the runs, which the targets bound);
-   and what the transfers between workers and the event loops did in the last timed
-   call (``transfers``, benchmarks/tools/transfers.py: per transferred key's step and its
-   dependent's, with ``--transfer-detail DIR`` every transfer in a file of its own);
-7. prints a table and writes the record after every run
-   (benchmarks/results/stack_<device>_dm<D_M>.json), then one table of transfers per
-   run.
+The problem (docs/design.md §5, ``src_dask.problems.stack``): four random MPOs of 50
+sites, physical legs 4 x 4, bonds 4, 4, D_M, 4, complex128, compressed by
+``src_dask.src(N, V, M, U, chi_out=chi_out)``. The script writes the inputs under
+``--workdir`` with ``src_dask.save`` chunk by chunk (reused when the spec matches),
+measures the GEMM rate, times quimb's ``tensor_network_1d_compress(method="src")`` in
+this process where the stack fits (``--quimb``), then for each number of workers and
+mode (environments in the cluster, or in a run store) starts a cluster
+(``clusters.py``; ``--scheduler-file``: workers started outside, as under Slurm),
+warms it on a tiny stack and times ``src_dask.src`` on the opened trains; then, with
+``--src-method-devices N``, src-method on N GPUs on the inputs read into host memory
+(``tools/peers.py``). Per run the record holds the time, FLOPs (``src_dask.plan``'s)
+and rates, ratios (to quimb, 2 workers to 1, ours to src-method: the targets bound
+them), peak memory, bytes spilled, where the time went, the plan, the core difference
+from the first run and the last call's transfers (``tools/transfers.py``). It is
+written after every run (benchmarks/results/stack_<device>_dm<D_M>.json).
 
     python benchmarks/bench_stack.py                           # D_M=1000, chi_out=500
     python benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --modes memory
     python benchmarks/bench_stack.py --quick --workdir /tmp/x  # 6 sites, D_M=16, chi_out=8
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
-        --protocol ucx --rmm pool --src-method-devices 2       # the two-GPU comparison
-    python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
-        --protocol ucx --rmm pool --transfer-detail /tmp/out   # what holds transfers up
+        --protocol ucx --rmm pool --src-method-devices 2 --transfer-detail /tmp/out
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 2 --merge \
         --scheduler-file sched.json   # workers started as under Slurm: run w2_memory_schedfile
 """
