@@ -151,9 +151,9 @@ def peer_text(key: str, e: dict[str, Any]) -> str:
              f"{prof.get('pass2_span_s', 0):.1f} s (src-method's log); inputs read in "
              f"{e.get('load_s', 0):.1f} s, not timed"]
     vs = e.get("vs_src_dask", {})
-    if "norm_ratio" in vs:
-        words.append(f"against {vs['run']} (other sketches): norm ratio "
-                     f"{vs['norm_ratio']:.4f}, distance {vs['rel_distance']:.2e}")
+    if "rel_distance" in vs:
+        words.append(f"against {vs['run']} (other sketches): distance "
+                     f"{vs['rel_distance']:.2e}")
     words += [f"{k.removeprefix('core_diff_vs_')} core diff {v:.1e}" for k, v in e.items()
               if k.startswith("core_diff_vs_")]
     return "; ".join(words)

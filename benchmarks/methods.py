@@ -57,11 +57,6 @@ def mpo_mps_runner(method: str, A, psi, chi: int, device: Device, seed: int,
     return run
 
 
-def as_quimb(result, device: Device):
-    """A result as a quimb MPS on ``device`` (src_dask returns NumPy TensorTrains)."""
-    return device.to_device(result.to_quimb()) if hasattr(result, "to_quimb") else result
-
-
 # -- quimb on the whole stack ---------------------------------------------------------
 def quimb_stack(trains, device: Device):
     """N V M U as one quimb network (four MPO layers) with its arrays on ``device``."""
