@@ -48,8 +48,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def host_memory() -> int:
-    """Bytes of RAM of this machine."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory this machine gives its processes (distributed's own reading:
+    RAM, or a cgroup's or rlimit's limit where lower)."""
+    from distributed.system import MEMORY_LIMIT
+
+    return MEMORY_LIMIT
 
 
 def rmm_options(rmm: str, device_memory_limit: Any = 0.7) -> dict[str, Any]:
