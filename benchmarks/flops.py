@@ -7,7 +7,8 @@ write SRC's equations a second time. A percentage "of GEMM" is that count over t
 wall time, divided by the complex128 GEMM rate measured in the same run.
 
 Records written before 2026-12-02 count in an earlier convention (opt_einsum's optimal
-path on each contraction taken alone, 1.25-1.46x the kernels' count, QRs left out);
+path on each contraction taken alone, QRs left out: 1.16x the plan's count on
+MPO·MPS, 1.32x on the stack);
 each record says which in its ``flop_convention``. :func:`einsum_flops` and
 :data:`CONVENTION` are that per-contraction count, which ``tools/profile_kernels.py``
 sets against single kernels.
