@@ -1,27 +1,15 @@
 # ruff: noqa: T201
 """MPO·MPS by SRC on the CPU: src_dask (threads, and a 2-worker LocalCluster) against quimb.
 
-The problem (docs/design.md §5)::
-
-    A   = quimb.tensor.MPO_rand(L, bond_dim=4, phys_dim=2, dtype="complex128")
-    psi = quimb.tensor.MPS_rand_state(L, bond_dim=chi, dtype="complex128")
-    y   = A psi compressed to chi_out = chi
-
-In one process this script
-
-1. measures the machine's complex128 GEMM rate (numpy matmul, best of 5; also on
-   one BLAS thread, what a single-threaded cluster worker can reach);
-2. counts the problem's FLOPs (benchmarks/flops.py: complex multiply-add = 8 flop,
-   opt_einsum's optimal path per site, QRs not counted);
-3. times quimb's ``psi.gate_with_mpo(A, method="src", max_bond=chi_out)``;
-4. times ``src_dask.apply(A, psi, chi_out, seed=0)`` on Dask's local threaded
-   scheduler, then on a ``distributed.LocalCluster`` of 2 single-threaded
-   worker processes (``client=``);
-5. checks every result against the exact product ``A psi`` without forming a
-   dense vector (overlaps contracted site by site with quimb);
-6. prints a table and writes a JSON record (benchmarks/results/cpu_mpo_mps_chi<chi>.json).
-
-Each timing is one warm-up run then the best of ``--repeats`` runs.
+The problem (docs/design.md §5): quimb's ``MPO_rand(L, bond_dim=4, phys_dim=2)`` times
+``MPS_rand_state(L, bond_dim=chi)``, complex128, compressed to chi_out = chi. The
+script measures the complex128 GEMM rate (all BLAS threads, and one: what a
+single-threaded worker can reach), counts the FLOPs (``src_dask.plan``'s), times
+quimb's ``psi.gate_with_mpo(A, method="src")``, then ``src_dask.apply(A, psi, chi)`` on
+Dask's threaded scheduler and through a ``LocalCluster`` of single-threaded worker
+processes (one warm-up, then the best of ``--repeats``), checks every result against
+the exact product without a dense vector (densely too for L <= 14), and writes
+benchmarks/results/cpu_mpo_mps_chi<chi>.json.
 
     python benchmarks/bench_cpu.py               # the full problem, L=50, chi=200
     python benchmarks/bench_cpu.py --quick       # L=12, chi=32: a smoke test
@@ -30,25 +18,25 @@ Each timing is one warm-up run then the best of ``--repeats`` runs.
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import numpy as np
-from accuracy import ExactProduct, core_difference
+from accuracy import core_difference
 from device import Device, gemm_rate, run_gemm
-from flops import CONVENTION, LEGEND, mpo_mps_flops, rates
+from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
+    Config,
     Record,
     check_targets,
-    output_path,
+    execute_benchmark,
     parser,
     print_table,
     print_targets,
 )
 from methods import mpo_mps_runner
 from problems import MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
-from provenance import blas_info
 from timing import best_of, runs_text
+from tools.provenance import blas_info
 
 
 def parse_args(argv: list[str] | None = None):
@@ -107,16 +95,18 @@ def time_methods(A, psi, args, device: Device) -> tuple[dict[str, Any], dict[str
 
 
 def errors_of(A, psi, results: dict[str, Any], L: int) -> dict[str, Any]:
-    """Every result's error against the exact product (and densely for L <= 14)."""
+    """Every result's error against the exact product (``src_dask.distance``: overlaps,
+    no dense vector), and densely for L <= 14."""
+    import src_dask
+
     t0 = time.perf_counter()
-    as_mps = {k: r.to_quimb() if hasattr(r, "to_quimb") else r for k, r in results.items()}
-    exact = ExactProduct(A, psi)
-    errors: dict[str, Any] = {"exact_norm": float(np.sqrt(exact.norm2))}
-    errors.update({k: exact.rel_error(y) for k, y in as_mps.items()})
+    errors: dict[str, Any] = {k: {"rel_error": src_dask.distance(y, A, psi)}
+                              for k, y in results.items()}
     if "src_dask_cluster" in results:
         errors["cores_threads_vs_cluster"] = core_difference(
             results["src_dask_threads"], results["src_dask_cluster"])
     if L <= 14:  # small enough for a dense cross-check of the overlap method
+        as_mps = {k: r.to_quimb() if hasattr(r, "to_quimb") else r for k, r in results.items()}
         x = A.apply(psi).to_dense().ravel()
         errors["dense_check"] = {k: float(np.linalg.norm(y.to_dense().ravel() - x)
                                           / np.linalg.norm(x)) for k, y in as_mps.items()}
@@ -131,7 +121,7 @@ def report(record: Record) -> None:
              f"{errors[k]['rel_error']:.4e}", runs_text(t["times_s"]),
              " ".join(f"{x:.2f}" for x in t.get("foreign_cpu_s", []))]
             for k, t in record["timings"].items()]
-    legend = [LEGEND, f"GEMM complex128 {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s; "
+    legend = [PLAN_LEGEND, f"GEMM complex128 {gemm['n']}^3: {gemm['gflops']:.1f} GFLOP/s; "
               f"{record['flops']['total']:.3e} flop"]
     if "cores_threads_vs_cluster" in errors:
         legend.append("threads vs cluster, max relative core difference: "
@@ -141,21 +131,12 @@ def report(record: Record) -> None:
     print_targets(record["targets"])
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    device = Device("cpu")
-    out = output_path(args.out, f"cpu_mpo_mps_chi{args.chi}.json", args.quick)
-    record = Record("MPO·MPS by SRC on the CPU: src_dask (threads, LocalCluster) against "
-                    "quimb src", device,
-                    problem=mpo_mps_spec(args.L, args.chi, args.mpo_bond, args.seed),
-                    repeats=args.repeats, flop_convention=CONVENTION)
-    print(record.header())
+def run(args, record: Record, device: Device) -> None:
+    """GEMM rates, FLOPs, the timings, the errors and the targets, into ``record``."""
     record.update(measure_gemm(args, device))
     gemm = record["gemm_complex128"]
-
     A, psi = mpo_mps(args.L, args.chi, args.mpo_bond, args.seed)
-    flops = record["flops"] = mpo_mps_flops(A, psi, sketch=args.chi)
+    flops = record["flops"] = plan_flops(A, psi, chi_out=args.chi)
     print(f"problem: L={args.L}, chi={args.chi}, D={args.mpo_bond}: {flops['total']:.3e} flop")
     timings, results = time_methods(A, psi, args, device)
     for t in timings.values():
@@ -165,9 +146,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record["errors"] = errors_of(A, psi, results, args.L)
     ours = {k: t for k, t in timings.items() if k != "quimb_src"}
     record["targets"] = check_targets(MPO_MPS_TARGETS.get(("cpu", args.chi), ()), ours)
-    report(record)
-    record.write(out)
-    return record
+
+
+CONFIG = Config(
+    measures="MPO·MPS by SRC on the CPU: src_dask (threads, LocalCluster) against quimb src",
+    name=lambda args, device: f"cpu_mpo_mps_chi{args.chi}.json",
+    device=lambda args: Device("cpu"), run=run, report=report,
+    fields=lambda args: {"problem": mpo_mps_spec(args.L, args.chi, args.mpo_bond, args.seed),
+                         "repeats": args.repeats, "flop_convention": PLAN_CONVENTION})
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,22 +25,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import threading
 import time
-import warnings
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from accuracy import core_difference
-from dask.utils import key_split
 from device import Device, run_gemm
 from distributed import get_task_stream
-from flops import CONVENTION, rates, src_flops
-from harness import Record, output_path, parser, print_table
+from flops import PLAN_CONVENTION, plan_flops, rates
+from harness import Config, Record, execute_benchmark, parser, print_table
 from memory import PeakMemory
-from problems import generate_inputs, open_inputs, site_shapes, stack_spec, tiny_stack
+from problems import generate_inputs, open_inputs, stack_spec, stack_trains, tiny_stack
+from timing import task_profile
 
 import src_dask
 
@@ -48,7 +45,8 @@ GB = 10**9
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser(__doc__, quick="6 sites, D_M=16, chi_out=8, caps 0 and 1 GB", seed=0)
+    p = parser(__doc__, quick="6 sites, D_M=16, chi_out=8, caps 0 and 1 GB", seed=0,
+               out="memory_ladder_dm<D_M>.json")
     p.add_argument("--dm", type=int, default=1000)
     p.add_argument("--chi-out", type=int, default=500)
     p.add_argument("--sites", type=int, default=50)
@@ -61,11 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host-limit", default=None, help="memory_limit of the worker (e.g. 8GB)")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/src_dask_bench"))
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--name", default=None, help="record file name (default by D_M)")
     p.add_argument("--tasks", action="store_true",
-                   help="record each rung's task stream: compute seconds per step and part, "
-                        "the spans of the passes, the worker's event-loop warnings")
+                   help="record each rung's task stream: compute, transfer and disk seconds "
+                        "per step, the spans of the passes, the worker's event-loop warnings")
     args = p.parse_args(argv)
     if args.quick:
         args.sites, args.dm, args.chi_out, args.caps = 6, 16, 8, [0, 1]
@@ -112,26 +109,6 @@ class _WorkerData:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def task_summary(stream: list[dict[str, Any]]) -> dict[str, Any]:
-    """Seconds per step and part (summed over tasks: compute, transfer, disk), the
-    count of tasks, and each pass's span (first start to last end)."""
-    steps: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    spans: dict[str, list[float]] = {}
-    for task in stream:
-        key = task["key"]
-        head = key[0] if isinstance(key, tuple) else key
-        step = key_split(head).split("_site")[0]
-        parts = [p for p in (key[1:] if isinstance(key, tuple) else ()) if isinstance(p, str)]
-        row = steps[" ".join([step, *parts])]
-        row["tasks"] += 1
-        for ss in task.get("startstops", ()):
-            row[ss["action"]] += ss["stop"] - ss["start"]
-            lo, hi = spans.get(step, (math.inf, -math.inf))
-            spans[step] = [min(lo, ss["start"]), max(hi, ss["stop"])]
-    return {"steps": {k: dict(v) for k, v in sorted(steps.items())},
-            "spans": {k: hi - lo for k, (lo, hi) in spans.items()}}
 
 
 def _loop_warnings(client: Any) -> list[str]:
@@ -229,7 +206,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                 return entry, None
             entry["seconds"] = time.perf_counter() - start
         if args.tasks:
-            entry["tasks"] = task_summary(tasks.data)
+            entry["tasks"] = task_profile(tasks.data)
             entry["tasks"]["event_loop_warnings"] = _loop_warnings(client)
             print(json.dumps(entry["tasks"], indent=1), flush=True)
         entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
@@ -249,20 +226,9 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
     return entry, y
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    device = Device("gpu", cluster=True)
-    name = args.name or f"memory_ladder_dm{args.dm}" + ("_host" if args.host_limit else "")
-    out = output_path(args.out, f"{name}.json", args.quick)
-    sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
-    flops = src_flops(site_shapes(sp), args.chi_out)
-    record = Record("the memory ladder: the stack on one GPU worker with its RMM pool capped",
-                    device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out},
-                    flops=flops, flop_convention=CONVENTION, caps_GB=args.caps,
-                    limit_fraction=args.limit_fraction, host_limit=args.host_limit,
-                    threads=args.threads, runs={})
-    print(record.header())
+def run(args, record: Record, device: Device) -> None:
+    """The inputs, the GEMM rate and every rung (the record written after each)."""
+    sp, flops = record["problem"], record["flops"]
     args.workdir.mkdir(parents=True, exist_ok=True)
     record["generation"] = generate_inputs(sp, args.workdir, False)
     trains = open_inputs(sp, args.workdir)
@@ -277,23 +243,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry["core_diff_vs_first"] = core_difference(first, y)
             entry["time_over_first"] = entry["seconds"] / base
         record["runs"][f"cap{cap:g}"] = entry
-        record.write(out)
+        record.save()
+
+
+def report(record: Record) -> None:
     rows = []
     for key, e in record["runs"].items():
-        plan = e.get("plan", {})
-        m = e.get("measured", {})
+        plan, m = e.get("plan", {}), e.get("measured", {})
+        stored = m.get("stored_peak", {})
         rows.append([key, e.get("seconds", e.get("failed", e.get("refused", ""))[:40]),
                      e.get("time_over_first"), e.get("fraction_of_gemm"),
                      (plan.get("peak_device") or 0) / GB,
                      ((m.get("peak_device_used") or 0) - (m.get("device_baseline") or 0)) / GB,
                      (m.get("rmm_allocated_peak") or 0) / GB,
                      (plan.get("peak_host") or 0) / GB, (m.get("peak_host_rss") or 0) / GB,
-                     m.get("stored_peak", {}).get("host", 0) / GB,
-                     m.get("stored_peak", {}).get("disk", 0) / GB, e.get("core_diff_vs_first")])
-    print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB", "allocated GB",
-                 "plan host GB", "meas host GB", "on host GB", "on disk GB", "core diff"],
-                rows)
-    return record
+                     stored.get("host", 0) / GB, stored.get("disk", 0) / GB,
+                     e.get("core_diff_vs_first")])
+    print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB",
+                 "allocated GB", "plan host GB", "meas host GB", "on host GB", "on disk GB",
+                 "core diff"], rows)
+
+
+def fields(args) -> dict[str, Any]:
+    sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
+    return {"problem": {**sp, "dm": args.dm, "chi_out": args.chi_out},
+            "flops": plan_flops(*stack_trains(sp), chi_out=args.chi_out),
+            "flop_convention": PLAN_CONVENTION, "caps_GB": args.caps,
+            "limit_fraction": args.limit_fraction, "host_limit": args.host_limit,
+            "threads": args.threads, "runs": {}}
+
+
+CONFIG = Config(
+    measures="the memory ladder: the stack on one GPU worker with its RMM pool capped",
+    name=lambda args, device: (args.name or f"memory_ladder_dm{args.dm}"
+                               + ("_host" if args.host_limit else "")) + ".json",
+    device=lambda args: Device("gpu", cluster=True), run=run, report=report, fields=fields)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,30 +1,16 @@
 # ruff: noqa: T201
 """MPO·MPS by SRC for several chi: src_dask against quimb's src, src-oversample and zipup.
 
-The problem (docs/design.md §5), for each chi in a list::
-
-    A   = quimb.tensor.MPO_rand(50, bond_dim=4, phys_dim=2, dtype="complex128")
-    psi = quimb.tensor.MPS_rand_state(50, bond_dim=chi, dtype="complex128")
-    y   = A psi compressed to chi_out = chi
-
-On a GPU (CuPy importable and a CUDA device visible) every method runs on the
-device: quimb's arrays are CuPy arrays, and src_dask gets the same CuPy-backed
-objects (Dask's threaded scheduler, ``src_dask.device = "gpu"``). Otherwise
-everything runs on the CPU with NumPy. In one process the script
-
-1. measures the device's complex128 GEMM rate (8192^3 on a GPU, 2048^3 on a CPU);
-2. for each chi: times ``psi.gate_with_mpo(A, method=m, max_bond=chi)`` for m in
-   src, src-oversample, zipup, and ``src_dask.apply(A, psi, chi)`` plain and with
-   ``oversample="auto"`` (one warm-up, then the best of ``--repeats``; the device
-   is synchronized before each timer stops), in the order quimb src, ours, quimb
-   src-oversample, ours oversampled, zipup;
-3. reports per run: wall time, FLOPs (benchmarks/flops.py; zipup not counted),
-   TFLOP/s, fraction of the GEMM rate, ratio to quimb src, peak host RSS and
-   device memory, and the error against the exact product ``A psi`` (overlaps,
-   no dense vectors);
-4. prints a table, writes the record (benchmarks/results/mpo_mps_<device>.json,
-   after every chi, so a run cut short keeps what it finished) and a PNG of time
-   against chi next to it (when matplotlib is importable).
+The problem of bench_cpu.py (L=50, MPO bond 4, chi_out = chi) for each chi in
+``--chi``, on the GPU where CuPy sees one (quimb and src_dask on the same CuPy-backed
+networks, Dask's threaded scheduler), else on the CPU. After the GEMM rate, each chi
+times, one warm-up then the best of ``--repeats`` (the device synchronized before each
+timer stops), quimb src, src_dask, quimb src-oversample, src_dask
+``oversample="auto"`` and zipup, in that order (compared pairs back to back;
+``--budget-s`` cuts a slow method's repeats); per run the record holds the time, FLOPs
+(``src_dask.plan``'s; zipup not counted) and rates, the ratio to quimb src, peak host
+and device memory and the error against the exact product. It is written after every
+chi (benchmarks/results/mpo_mps_<device>.json), with a PNG of time against chi.
 
     python benchmarks/bench_mpo_mps.py                      # chi 200 500 1000 2000
     python benchmarks/bench_mpo_mps.py --chi 1000 2000 --merge --no-zipup
@@ -36,29 +22,29 @@ from __future__ import annotations
 
 import gc
 import json
-import math
-import warnings
 from pathlib import Path
 from typing import Any
 
-from accuracy import ExactProduct
 from device import Device, run_gemm
-from flops import CONVENTION, LEGEND, mpo_mps_flops, rates
+from flops import PLAN_CONVENTION, PLAN_LEGEND, rates
 from harness import (
+    Config,
     Record,
     cell,
     check_targets,
     earlier_record,
+    execute_benchmark,
     gb,
-    output_path,
     parser,
     print_table,
     print_targets,
 )
 from memory import PeakMemory
-from methods import MPO_MPS_METHODS, as_quimb, mpo_mps_runner, sketch_width
+from methods import MPO_MPS_METHODS, method_flops, mpo_mps_runner
 from problems import MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
 from timing import best_of, runs_text
+
+import src_dask
 
 
 def parse_args(argv: list[str] | None = None):
@@ -116,21 +102,18 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
     """
     A, psi = mpo_mps(args.L, chi, args.mpo_bond, args.seed, device)
     out: dict[str, Any] = {"chi": chi, "gemm_tflops": gemm["tflops"], "runs": {}}
-    exact = None
-    if args.error_max_chi is None or chi <= args.error_max_chi:
-        exact = ExactProduct(A, psi)
-        out["exact_norm"] = math.sqrt(exact.norm2)
+    # the error against the exact product: src_dask.distance (overlaps, no dense vector)
+    exact = args.error_max_chi is None or chi <= args.error_max_chi
     runs = out["runs"]
     for method in methods_for(chi, args):
-        s = sketch_width(method, chi)
-        flops = mpo_mps_flops(A, psi, sketch=s) if s else None
+        flops = method_flops(method, A, psi, chi)
         entry, result = measure(mpo_mps_runner(method, A, psi, chi, device, args.seed), args,
                                 device, flops and flops["total"], gemm)
-        entry["sketch_width"] = s
+        entry["sketch_width"] = flops and flops["sketch_width"]
         if flops:
             entry["flop_breakdown"] = flops
-        if exact is not None:
-            entry.update(exact.rel_error(as_quimb(result, device)))
+        if exact:
+            entry["rel_error"] = src_dask.distance(result, A, psi)
         del result
         runs[method] = entry
         print(f"  chi={chi:<5} {method:<22} best {entry['best_s']:9.3f} s"
@@ -139,7 +122,7 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
         entry["ratio_to_quimb_src"] = entry["best_s"] / runs["quimb_src"]["best_s"]
     for method in ("src_dask", "src_dask_oversample"):
         peer = method.replace("src_dask", "quimb_src")
-        if exact is not None and method in runs and peer in runs:
+        if exact and method in runs and peer in runs:
             runs[method]["error_ratio_to_quimb"] = (runs[method]["rel_error"]
                                                     / runs[peer]["rel_error"])
     return out
@@ -170,7 +153,7 @@ def report(record: dict[str, Any]) -> None:
     gemm = record["gemm_complex128"]
     print_table(["chi", "method", "best s", "/quimb src", "GFLOP/s", "of GEMM", "rel err",
                  "host GB", "device GB", "pool GB", "runs s"], rows, [
-        LEGEND,
+        PLAN_LEGEND,
         f"GEMM complex128 {gemm['n']}^3 on the {gemm['device'].upper()}: "
         f"{gemm['tflops']:.3f} TFLOP/s. host GB: peak RSS; device GB: peak device-wide use "
         "above the baseline; pool GB: CuPy pool high-water above the baseline"],
@@ -210,35 +193,43 @@ def plot(record: dict[str, Any], path: Path) -> None:
     print(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    if args.plot_only:
-        record = json.loads(args.plot_only.read_text())
-        plot(record, args.plot_only.with_suffix(".png"))
-        return record
-    device = Device(args.device)
-    out = output_path(args.out, f"mpo_mps_{device.name}.json", args.quick)
-    record = Record(
-        "MPO·MPS by SRC: src_dask against quimb src, src-oversample, zipup", device,
-        problem={**mpo_mps_spec(args.L, "chi", args.mpo_bond, args.seed), "chis": args.chi,
-                 "sketch_seed": args.seed},
-        repeats=args.repeats, budget_s=args.budget_s, flop_convention=CONVENTION,
-        notes=["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
-               "the rounding sweep; zipup's FLOPs are not counted",
-               "src_dask returns NumPy cores (device -> host copy included in its time); "
-               "quimb's result stays on the device"],
-        results=earlier_record(args.merge, out).get("results", {}))
-    print(record.header())
+def run(args, record: Record, device: Device) -> None:
+    """The GEMM rate, then every chi (the record written after each), into ``record``."""
+    record["results"] = earlier_record(args.merge, record.path).get("results", {})
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
     for chi in args.chi:
         record["results"][str(chi)] = run_chi(chi, args, device, gemm)
         record["targets"] = targets(record)
-        record.write(out)
+        record.save()
+
+
+def report_and_plot(record: Record) -> None:
     report(record)
-    if out is not None:
-        plot(record, out.with_suffix(".png"))
-    return record
+    if record.path is not None:
+        plot(record, record.path.with_suffix(".png"))
+
+
+CONFIG = Config(
+    measures="MPO·MPS by SRC: src_dask against quimb src, src-oversample, zipup",
+    name=lambda args, device: f"mpo_mps_{device.name}.json",
+    device=lambda args: Device(args.device), run=run, report=report_and_plot,
+    fields=lambda args: {
+        "problem": {**mpo_mps_spec(args.L, "chi", args.mpo_bond, args.seed), "chis": args.chi,
+                    "sketch_seed": args.seed},
+        "repeats": args.repeats, "budget_s": args.budget_s, "flop_convention": PLAN_CONVENTION,
+        "notes": ["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
+                  "the rounding sweep; zipup's FLOPs are not counted",
+                  "src_dask returns NumPy cores (device -> host copy included in its time); "
+                  "quimb's result stays on the device"]})
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.plot_only:
+        record = json.loads(args.plot_only.read_text())
+        plot(record, args.plot_only.with_suffix(".png"))
+        return record
+    return execute_benchmark(CONFIG, args)
 
 
 if __name__ == "__main__":

@@ -22,40 +22,35 @@ inputs: the GPU where there is one).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from device import Device
-from harness import Record, output_path, parser, print_table
+from harness import Config, Record, execute_benchmark, parser, print_table
 from problems import mpo_mps, mpo_mps_spec
 from timing import best_of, runs_text
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse_args(argv: list[str] | None = None):
     p = parser(__doc__, quick="L=12, 2 repeats", repeats=(9, 2), seed=42,
                out="overhead_<device>.json")
     p.sized("--L", type=int, full=50, quick=12, help="sites")
     p.add_argument("--chi", type=int, default=8, help="MPS bond and chi_out (default 8)")
-    args = p.parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
+    return p.parse_args(argv)
 
+
+def run(args, record: Record, device: Device) -> None:
+    """The calls on each scheduler and the many-task call's breakdown, into ``record``."""
     import dask
     from distributed import Client, LocalCluster
 
     import src_dask
 
-    device = Device()  # NumPy inputs: src_dask runs them on the GPU where there is one
-    out = output_path(args.out, f"overhead_{device.name}.json", args.quick)
-    record = Record("per-call overhead of src_dask on a small MPO·MPS", device,
-                    problem={**mpo_mps_spec(args.L, args.chi, 4, args.seed), "chi": args.chi,
-                             "mpo_bond": 4, "dtype": "complex128"})
-    print(record.header())
     A, psi = mpo_mps(args.L, args.chi, 4, args.seed)
 
     def call(client=None):
         return lambda: src_dask.apply(A, psi, args.chi, seed=0, client=client)
 
-    results = {}
+    results = record["results"] = {}
     for scheduler in ("sync", "threads"):
         with dask.config.set(scheduler=scheduler):
             results[scheduler] = best_of(call(), args.repeats)[0]
@@ -67,17 +62,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with dask.config.set({"src_dask.one-task-flops": 0}):
             results["client_graph_1x2"] = best_of(call(client), args.repeats)[0]
             record["graph_breakdown"] = breakdown(A, psi, args.chi, client)
-    record["results"] = results
+
+
+def report(record: Record) -> None:
     print_table(["scheduler", "best s", "all calls s"],
                 [[name, f"{r['best_s']:.3f}", runs_text(r["times_s"])]
-                 for name, r in results.items()],
-                [f"one warm-up call, then {args.repeats}; MPO·MPS L={args.L}, chi={args.chi}"],
-                align="lrl")
+                 for name, r in record["results"].items()],
+                [f"one warm-up call, then {record['repeats']}; MPO·MPS L="
+                 f"{record['problem']['L']}, chi={record['problem']['chi']}"], align="lrl")
     print("a client call as a graph of many tasks, taken apart (s):",
           ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                     for k, v in record["graph_breakdown"].items()))
-    record.write(out)
-    return record
 
 
 def breakdown(A: Any, psi: Any, chi: int, client: Any, threads: int = 2) -> dict[str, Any]:
@@ -110,6 +105,20 @@ def breakdown(A: Any, psi: Any, chi: int, client: Any, threads: int = 2) -> dict
     return {"tasks": len(stream.data), "plan": planning, "call": call,
             "to_first": first - wall0, "tasks_span": last - first, "compute": compute,
             "idle": max(0.0, threads * (last - first) - compute), "after_last": wall1 - last}
+
+
+CONFIG = Config(
+    measures="per-call overhead of src_dask on a small MPO·MPS",
+    name=lambda args, device: f"overhead_{device.name}.json",
+    # NumPy inputs: src_dask runs them on the GPU where there is one
+    device=lambda args: Device(), run=run, report=report,
+    fields=lambda args: {"problem": {**mpo_mps_spec(args.L, args.chi, 4, args.seed),
+                                     "chi": args.chi, "mpo_bond": 4, "dtype": "complex128"},
+                         "repeats": args.repeats})
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -3,91 +3,64 @@
 without a run store, against quimb's src on the whole stack and against the peer
 project src-method on 1 or 2 GPUs.
 
-The problem (docs/design.md §5, ``src_dask.problems.stack``)::
-
-    N, V, M, U = four random MPOs of 50 sites, physical legs 4 x 4, bonds 4, 4, D_M, 4,
-                 complex128, entries (N(0,1) + i N(0,1)) / sqrt(bond * 4)
-    y = src_dask.src(N, V, M, U, chi_out=chi_out)
-
-The script
-
-1. checks the disk under ``--workdir`` and writes the four trains into Zarr with
-   ``src_dask.save``, chunk by chunk (a 51 GB train never sits in memory);
-   inputs of the same size and seed already there are reused;
-2. measures the device's complex128 GEMM rate;
-3. optionally (``--quimb``, on by default where the stack and its environments
-   fit in memory) times quimb's ``tensor_network_1d_compress(N V M U, method="src")``
-   in this process, on the device, as the peer for "ratio to quimb";
-4. for each number of workers and each mode (environments in the cluster, or in
-   a run store on disk): starts a cluster (benchmarks/clusters.py), warms it up
-   on a tiny stack, then times ``src_dask.src`` on the opened trains;
-5. optionally (``--src-method-devices N ...``), after the clusters are gone: reads
-   the same Zarr inputs into host memory (not timed) and times the peer project
-   src-method (``src_method.src(*trains, chi_out, seed, device="gpu",
-   resources=Resources(devices=N))``, PyPI ``src-method==0.5.0``) in this process on
-   N GPUs (``device="cpu"`` with ``--device cpu``: simulated devices), as runs
-   ``srcmethod_g<N>`` (benchmarks/peers.py); skipped, saying why, where it is not
-   installed;
-6. reports per run: wall time, FLOPs (benchmarks/flops.py), TFLOP/s, fraction of
-   the GEMM rate, ratio to quimb, peak host RSS (this process and the workers)
-   and device memory, bytes spilled by the workers, where the time went, and the
-   largest core difference from the first run (the sketch depends only on the seed);
-   src-method's results against ours by norm ratio and distance (its sketches are
-   its own); the ratios ours 2 / ours 1 worker and ours / src-method on as many
-   GPUs (``ratios``, and ``ratio_to_*`` in the runs, which the targets bound);
-   and what the transfers between workers and the event loops did in the last timed
-   call (``transfers``, benchmarks/transfers.py: per transferred key's step and its
-   dependent's, with ``--transfer-detail DIR`` every transfer in a file of its own);
-7. prints a table and writes the record after every run
-   (benchmarks/results/stack_<device>_dm<D_M>.json), then one table of transfers per
-   run.
+The problem (docs/design.md §5, ``src_dask.problems.stack``): four random MPOs of 50
+sites, physical legs 4 x 4, bonds 4, 4, D_M, 4, complex128, compressed by
+``src_dask.src(N, V, M, U, chi_out=chi_out)``. The script writes the inputs under
+``--workdir`` with ``src_dask.save`` chunk by chunk (reused when the spec matches),
+measures the GEMM rate, times quimb's ``tensor_network_1d_compress(method="src")`` in
+this process where the stack fits (``--quimb``), then for each number of workers and
+mode (environments in the cluster, or in a run store) starts a cluster
+(``clusters.py``; ``--scheduler-file``: workers started outside, as under Slurm),
+warms it on a tiny stack and times ``src_dask.src`` on the opened trains; then, with
+``--src-method-devices N``, src-method on N GPUs on the inputs read into host memory
+(``tools/peers.py``). Per run the record holds the time, FLOPs (``src_dask.plan``'s)
+and rates, ratios (to quimb, 2 workers to 1, ours to src-method: the targets bound
+them), peak memory, bytes spilled, where the time went, the plan, the core difference
+from the first run and the last call's transfers (``tools/transfers.py``). It is
+written after every run (benchmarks/results/stack_<device>_dm<D_M>.json).
 
     python benchmarks/bench_stack.py                           # D_M=1000, chi_out=500
     python benchmarks/bench_stack.py --dm 2000 --chi-out 1000 --modes memory
     python benchmarks/bench_stack.py --quick --workdir /tmp/x  # 6 sites, D_M=16, chi_out=8
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
-        --protocol ucx --rmm pool --src-method-devices 2       # the two-GPU comparison
-    python benchmarks/bench_stack.py --modes memory --quimb no --workers 1 2 \
-        --protocol ucx --rmm pool --transfer-detail /tmp/out   # what holds transfers up
+        --protocol ucx --rmm pool --src-method-devices 2 --transfer-detail /tmp/out
     python benchmarks/bench_stack.py --modes memory --quimb no --workers 2 --merge \
         --scheduler-file sched.json   # workers started as under Slurm: run w2_memory_schedfile
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import clusters
 from accuracy import core_difference
 from device import Device, run_gemm
-from flops import CONVENTION, LEGEND, rates, src_flops
+from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
+    Config,
     Record,
     cell,
     check_targets,
     earlier_record,
+    execute_benchmark,
     gb,
-    output_path,
     parser,
     print_table,
     print_targets,
 )
-from peers import is_peer, peer_ratios, time_peers
 from problems import (
     STACK_TARGETS,
-    env_bytes,
     free_bytes,
     generate_inputs,
-    input_bytes,
     open_inputs,
-    site_shapes,
     stack_spec,
+    stack_trains,
 )
 from stack_runs import run_config, time_quimb
 from timing import profile_text
-from transfers import print_transfers
+from tools.peers import is_peer, peer_ratios, time_peers
+from tools.transfers import print_transfers
 
 #: Results larger than this are not kept on the client to compare runs' cores.
 COMPARE_MAX_BYTES = 8 * 10**9
@@ -152,7 +125,7 @@ def report(record: dict[str, Any]) -> None:
                      cell(diff, ".1e"),
                      e.get("cluster", "this process")])
     gemm = record["gemm_complex128"]
-    legend = [LEGEND, f"{record['flops']['total']:.3e} flop; GEMM complex128 {gemm['n']}^3 on "
+    legend = [PLAN_LEGEND, f"{record['flops']['total']:.3e} flop; GEMM complex128 {gemm['n']}^3 on "
               f"the {gemm['device'].upper()}: {gemm['tflops']:.3f} TFLOP/s. host GB: peak RSS "
               "of this process and the workers; device GB: peak device-wide use above the "
               "baseline"]
@@ -178,34 +151,32 @@ def peer_text(key: str, e: dict[str, Any]) -> str:
              f"{prof.get('pass2_span_s', 0):.1f} s (src-method's log); inputs read in "
              f"{e.get('load_s', 0):.1f} s, not timed"]
     vs = e.get("vs_src_dask", {})
-    if "norm_ratio" in vs:
-        words.append(f"against {vs['run']} (other sketches): norm ratio "
-                     f"{vs['norm_ratio']:.4f}, distance {vs['rel_distance']:.2e}")
+    if "rel_distance" in vs:
+        words.append(f"against {vs['run']} (other sketches): distance "
+                     f"{vs['rel_distance']:.2e}")
     words += [f"{k.removeprefix('core_diff_vs_')} core diff {v:.1e}" for k, v in e.items()
               if k.startswith("core_diff_vs_")]
     return "; ".join(words)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
-    device = Device(args.device, cluster=True)
-    out = output_path(args.out, f"stack_{device.name}_dm{args.dm}.json", args.quick)
+def fields(args) -> dict[str, Any]:
+    """The problem, its sizes and FLOPs (``src_dask.plan``'s), the options."""
     sp = stack_spec(args.sites, args.dm, args.phys, args.seed)
-    shapes = site_shapes(sp)
-    envs = env_bytes(shapes, args.chi_out)
-    flops = src_flops(shapes, args.chi_out)
-    result_bytes = args.sites * args.chi_out**2 * args.phys**2 * 16
-    earlier = earlier_record(args.merge, out)
-    record = Record(
-        "the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb src "
-        "and src-method",
-        device, problem={**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
-        sizes={"inputs_bytes": input_bytes(sp), "environments_bytes": envs,
-               "result_bytes_at_most": result_bytes},
-        flops=flops, flop_convention=CONVENTION, repeats=args.repeats,
-        full_warmup=args.full_warmup, runs=earlier.get("runs", {}))
-    print(record.header())
+    flops = plan_flops(*stack_trains(sp), chi_out=args.chi_out)
+    return {"problem": {**sp, "dm": args.dm, "chi_out": args.chi_out, "chunk": args.chunk},
+            "sizes": {"inputs_bytes": flops["input_bytes"],
+                      "environments_bytes": flops["env_bytes"],
+                      "result_bytes_at_most": args.sites * args.chi_out**2 * args.phys**2 * 16},
+            "flops": flops, "flop_convention": PLAN_CONVENTION, "repeats": args.repeats,
+            "full_warmup": args.full_warmup}
+
+
+def run(args, record: Record, device: Device) -> None:
+    """The inputs, the GEMM rate, quimb, every configuration (workers, mode) and the
+    peers, into ``record`` (written after every run)."""
+    sp, flops, envs = record["problem"], record["flops"], record["sizes"]["environments_bytes"]
+    earlier = earlier_record(args.merge, record.path)
+    record["runs"] = earlier.get("runs", {})
     print(f"stack: {args.sites} sites, bonds {list(sp['bonds'].values())}, phys {args.phys}x"
           f"{args.phys}, chi_out {args.chi_out}: {flops['total']:.3e} flop; environments "
           f"{envs / 1e9:.2f} GB (in the cluster without a store, on disk with one)")
@@ -215,48 +186,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
     record["quimb"] = quimb = time_quimb(record, earlier, trains, args, device, envs, gemm)
     found = STACK_TARGETS.get((device.name, args.dm, args.chi_out), ())
-    compare = not args.no_compare and result_bytes <= COMPARE_MAX_BYTES
+    compare = not args.no_compare and record["sizes"]["result_bytes_at_most"] <= COMPARE_MAX_BYTES
     first = first_key = None
 
-    def save() -> None:
+    def add(key: str, entry: dict[str, Any]) -> None:
+        if "best_s" in entry:
+            entry.update(flops=flops["total"], **rates(flops["total"], entry["best_s"], gemm))
+            if "best_s" in quimb:
+                entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
+        record["runs"][key] = entry
         record["ratios"] = peer_ratios(record["runs"])
         ours = {k: e for k, e in record["runs"].items() if not is_peer(k)}
         record["targets"] = check_targets(found, ours)
-        record.write(out)
+        record.save()
 
     for n_workers in args.workers:
         for mode in args.modes:
             key = f"w{n_workers}_{mode}" + ("_schedfile" if args.scheduler_file else "")
             if mode == "store" and free_bytes(args.workdir) < 1.1 * envs:
-                record["runs"][key] = {"skipped": f"the run store needs about "
-                                       f"{1.1 * envs / 1e9:.1f} GB; "
-                                       f"{free_bytes(args.workdir) / 1e9:.1f} GB free"}
+                add(key, {"skipped": f"the run store needs about {1.1 * envs / 1e9:.1f} GB; "
+                                     f"{free_bytes(args.workdir) / 1e9:.1f} GB free"})
                 print(f"{key}: skipped, {record['runs'][key]['skipped']}")
-                save()
                 continue
             entry, result = run_config(trains, n_workers, mode, args, device, keep=compare)
-            entry.update(flops=flops["total"], **rates(flops["total"], entry["best_s"], gemm))
-            if "best_s" in quimb:
-                entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
             if compare:
                 first, first_key = (result, key) if first is None else (first, first_key)
                 entry["core_diff_vs_first"] = core_difference(first, result)
-            record["runs"][key] = entry
+            add(key, entry)
             print(f"{key}: best {entry['best_s']:.3f} s ({entry['cluster']}; started in "
                   f"{entry['cluster_startup_s']:.1f} s, not counted)", flush=True)
-            save()
     if args.src_method_devices:
         for key, entry in time_peers(trains, args, device, first, first_key,
                                      keep=compare).items():
-            if "best_s" in entry:
-                entry.update(flops=flops["total"],
-                             **rates(flops["total"], entry["best_s"], gemm))
-                if "best_s" in quimb:
-                    entry["ratio_to_quimb"] = entry["best_s"] / quimb["best_s"]
-            record["runs"][key] = entry
-        save()
-    report(record)
-    return record
+            add(key, entry)
+
+
+CONFIG = Config(
+    measures="the stack N·V·M·U from Zarr by SRC: src_dask on 1 and 2 workers against quimb "
+             "src and src-method",
+    name=lambda args, device: f"stack_{device.name}_dm{args.dm}.json",
+    device=lambda args: Device(args.device, cluster=True), run=run, report=report,
+    fields=fields)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return execute_benchmark(CONFIG, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -48,8 +48,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def host_memory() -> int:
-    """Bytes of RAM of this machine."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory this machine gives its processes (distributed's own reading:
+    RAM, or a cgroup's or rlimit's limit where lower)."""
+    from distributed.system import MEMORY_LIMIT
+
+    return MEMORY_LIMIT
 
 
 def rmm_options(rmm: str, device_memory_limit: Any = 0.7) -> dict[str, Any]:
@@ -57,27 +60,23 @@ def rmm_options(rmm: str, device_memory_limit: Any = 0.7) -> dict[str, Any]:
     stream-ordered pool) or ``"pool"`` (a classic RMM pool, which CUDA IPC between GPUs
     over UCX maps once), spelt out rather than left to ``src_dask.cluster``'s default,
     which depends on the number of GPUs and the protocol. The pool is sized as
-    ``src_dask.cluster`` sizes its UCX pools for ``device_memory_limit`` (starting at
-    that limit, growing to most of the device), or starts at 16 GB and grows where
-    this src_dask has no such sizing. Without RMM there is nothing to choose (CuPy's
-    own pool)."""
+    ``src_dask.cluster_options`` sizes its UCX pools for ``device_memory_limit``.
+    Without RMM there is nothing to choose (CuPy's own pool)."""
     import importlib.util
 
     if importlib.util.find_spec("rmm") is None:
         return {}
     if rmm == "async":
         return {"rmm_async": True, "rmm_pool_size": None}
-    try:
-        size, maximum = _ucx_pool(device_memory_limit)
-    except (AttributeError, KeyError, ValueError):  # an older src_dask, no GPU, no RMM
-        return {"rmm_async": False, "rmm_pool_size": "16GB"}
+    size, maximum = _ucx_pool(device_memory_limit)
     return {"rmm_async": False, "rmm_pool_size": size,
             **({"rmm_maximum_pool_size": maximum} if maximum is not None else {})}
 
 
-def _ucx_pool(device_memory_limit: str) -> tuple[object, object]:
-    """``(rmm_pool_size, rmm_maximum_pool_size)`` that ``src_dask.cluster`` gives a GPU
-    worker under UCX spilling at ``device_memory_limit`` (None: dask-cuda's maximum)."""
+def _ucx_pool(device_memory_limit: Any) -> tuple[Any, Any]:
+    """``(rmm_pool_size, rmm_maximum_pool_size)`` that ``src_dask.cluster_options``
+    gives a GPU worker under UCX spilling at ``device_memory_limit`` (None: dask-cuda's
+    maximum)."""
     import src_dask
 
     opts = src_dask.cluster_options(gpus=1, protocol="ucx",

@@ -16,7 +16,7 @@
 #              read in each pass), D_M=2000/chi_out=1000 (spills; too large for quimb),
 #              then stackq; ~60 GB of disk for the inputs (use nvidia-h200-x2)
 #   stackq     bench_stack.py D_M=1000/chi_out=500 on 1 GPU with quimb's src in the same run
-#   stack2     bench_transfer.py (LINK="tcp async" skips it), then both stack sizes on 2
+#   stack2     tools/bench_transfer.py (LINK="tcp async" skips it), then both stack sizes on 2
 #              GPUs over the fastest link; needs the UCX wheels and stack1's inputs
 #   kernels    profile_kernels.py: one site's kernels against their FLOP floor
 #   x2         the two-GPU comparison (nvidia-h200-x2), most telling first:
@@ -68,7 +68,8 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-run}
 mkdir -p "$OUT"
 [ -f .whl/install.sh ] && bash .whl/install.sh >"$OUT/install.log" 2>&1
-export PYTHONPATH=/tmp/site:$PWD/src
+# benchmarks/ on the path: the scripts in benchmarks/tools import its shared modules
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks
 # the commands the Slurm example calls (`python`, `dask`), where the machine lacks them
 mkdir -p "$OUT/bin"
 # (scripts, not links: a link to a virtualenv's python runs outside the virtualenv)
@@ -129,7 +130,7 @@ part_overhead() {
 
 part_kernels() {
     run kernels profile_kernels.log env CUDA_VISIBLE_DEVICES=0 python3 \
-        benchmarks/profile_kernels.py --out "$OUT/gpu_kernels.json"
+        benchmarks/tools/profile_kernels.py --out "$OUT/gpu_kernels.json"
 }
 
 stack() {  # stack NAME DM CHI_OUT [bench_stack options]: one configuration, one record
@@ -154,9 +155,9 @@ part_stack1() {  # one GPU, src_dask's defaults (inputs kept when they fit) and 
 
 part_stack2() {  # two GPUs over the fastest link (inputs from stack1 reused)
     if [ -z "${LINK:-}" ]; then
-        run transfer bench_transfer.log timeout 180 python3 benchmarks/bench_transfer.py \
+        run transfer bench_transfer.log timeout 180 python3 benchmarks/tools/bench_transfer.py \
             --protocol tcp ucx --rmm async pool --out "$OUT"
-        LINK=$(python3 benchmarks/bench_transfer.py --best "$OUT/transfer_gpu.json")
+        LINK=$(python3 benchmarks/tools/bench_transfer.py --best "$OUT/transfer_gpu.json")
     fi
     local proto rmm
     read -r proto rmm <<<"${LINK:-tcp async}"
@@ -169,14 +170,14 @@ timelines() {  # timelines DIR: pass 2's sites of every run whose tasks DIR hold
     local f
     for f in "$1"/tasks_*.json; do
         [ -f "$f" ] && run "timeline $(basename "$f" .json)" timeline.log \
-            python3 benchmarks/timeline.py "$f" --sites 5
+            python3 benchmarks/tools/timeline.py "$f" --sites 5
     done
 }
 
 part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the link
     local STACK_TIMEOUT=${X2_TIMEOUT:-900} link=(--protocol ucx --rmm pool)
     # 1 GiB while both GPUs compute, with the UCX comm's two waits (half a minute)
-    run "transfer busy" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
+    run "transfer busy" bench_transfer.log timeout 300 python3 benchmarks/tools/bench_transfer.py \
         --protocol ucx --rmm pool --gib 1 --busy 1 --ucx-sync device stream \
         --out "$OUT/transfer_gpu_busy.json"
     # shellcheck disable=SC2086  # SRCM_DEVICES may list several counts
@@ -199,9 +200,9 @@ part_x2() {  # two GPUs: ours on 1 and 2 workers against src-method, then the li
         "${link[@]}" --no-compare --transfer-detail "$OUT/x2_dm1000_devicesync"
     timelines "$OUT/x2_dm1000_devicesync"
     part_slurm   # the same 2-GPU run, workers started as under Slurm, into the same record
-    run "transfer ucx" bench_transfer.log timeout 300 python3 benchmarks/bench_transfer.py \
+    run "transfer ucx" bench_transfer.log timeout 300 python3 benchmarks/tools/bench_transfer.py \
         --protocol ucx --rmm pool --gib 1 4 --out "$OUT/transfer_gpu.json"
-    run "transfer tcp" bench_transfer.log timeout 180 python3 benchmarks/bench_transfer.py \
+    run "transfer tcp" bench_transfer.log timeout 180 python3 benchmarks/tools/bench_transfer.py \
         --protocol tcp --rmm pool --gib 1 --repeats 2 --out "$OUT/transfer_gpu_tcp.json"
 }
 
@@ -215,9 +216,10 @@ part_slurm() {  # the two-GPU run with workers started as under Slurm
         gpus="0 0"
         share=(DEVICE_MEMORY_LIMIT=0.35 RMM_POOL_SIZE=0.35 RMM_MAXIMUM_POOL_SIZE=0.45)
     fi
-    # the workers run the benchmark's own functions too (spill counters, CPU time)
+    # the workers run the benchmark's own functions too (spill counters, CPU time):
+    # benchmarks/ is on the PYTHONPATH they inherit
     run "slurm dm1000" bench_stack_slurm.log env GPUS="$gpus" ${share[@]+"${share[@]}"} \
-        PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" PROTOCOL=ucx COMMAND="timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py \
+        PROTOCOL=ucx COMMAND="timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py \
             --dm 1000 --chi-out 500 --modes memory --quimb no --workdir /tmp/sb1000 \
             --workers 2 --scheduler-file \"\$SCHEDULER_FILE\" --merge \
             --out $OUT/stack_gpu_dm1000_x2.json --transfer-detail $OUT/slurm_dm1000" \
@@ -231,8 +233,8 @@ part_standin() {  # two workers on one GPU: the UCX comm's two waits, link and s
         # shellcheck disable=SC2016  # $SCHEDULER_FILE is the example's, set for COMMAND
         run "standin $sync" bench_stack_standin.log env GPUS="0 0" DEVICE_MEMORY_LIMIT=0.35 \
             RMM_POOL_SIZE=0.35 RMM_MAXIMUM_POOL_SIZE=0.45 DASK_SRC_DASK__UCX_SYNC=$sync \
-            PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" PROTOCOL=ucx COMMAND="timeout 300 \
-            python3 benchmarks/bench_transfer.py --scheduler-file \"\$SCHEDULER_FILE\" \
+            PROTOCOL=ucx COMMAND="timeout 300 \
+            python3 benchmarks/tools/bench_transfer.py --scheduler-file \"\$SCHEDULER_FILE\" \
                 --gib 1 --busy 1 --ucx-sync $sync --out $OUT/transfer_standin_$sync.json; \
             timeout ${X2_TIMEOUT:-900} python3 benchmarks/bench_stack.py --dm 1000 \
                 --chi-out 500 --modes memory --quimb no --workdir /tmp/sb1000 --workers 2 \

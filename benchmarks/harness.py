@@ -1,6 +1,11 @@
 # ruff: noqa: T201
-"""What every benchmark script shares: its command line, its record, its table, its targets.
+"""What every benchmark script shares: its driver, command line, record, table, targets.
 
+- :class:`Config` and :func:`execute_benchmark`: the one driver of every benchmark
+  (dask-cuda's ``benchmarks/common.py`` is the model): a benchmark says what it
+  measures, where its record goes, what the record starts with, how one run fills it
+  and how its table is printed; the driver makes the device and the record, prints
+  its header, runs, prints the table and writes the record.
 - :func:`parser`: an argument parser with the shared options (``--quick``,
   ``--device``, ``--repeats``, ``--seed``, ``--gemm-n``, ``--out``, ``--merge``)
   and :meth:`Parser.sized` for options whose default depends on ``--quick``.
@@ -12,25 +17,64 @@
 - :func:`print_table`: one aligned table and its legend.
 - :class:`Target`, :func:`check_targets`, :func:`print_targets`: bounds a run
   must meet, checked the same way by every script.
+- :func:`captured_log`: the messages a library logs while a block runs (what it
+  decided, what its own log times).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import logging
 import os
 import socket
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from provenance import blas_info, cpu_model, git_state, versions
+from tools.provenance import blas_info, cpu_model, git_state, versions
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+
+
+# -- the driver ---------------------------------------------------------------------
+class Config(NamedTuple):
+    """One benchmark, as :func:`execute_benchmark` runs it."""
+
+    measures: str
+    """What the record measures (its ``benchmark`` field)."""
+    name: Callable[[argparse.Namespace, Any], str]
+    """The record's file name under ``benchmarks/results`` from the options and device."""
+    device: Callable[[argparse.Namespace], Any]
+    """The :class:`device.Device` the benchmark runs on."""
+    run: Callable[[argparse.Namespace, Record, Any], None]
+    """Fills the record on the device (``record.save()`` between steps of a long run)."""
+    report: Callable[[Record], None]
+    """Prints the record's table."""
+    fields: Callable[[argparse.Namespace], dict[str, Any]] = lambda args: {}
+    """What the record holds before the run (the problem, the options)."""
+
+
+def execute_benchmark(config: Config, args: argparse.Namespace) -> Record:
+    """Run one benchmark: its device and record (provenance, then ``config.fields``),
+    the header, ``config.run``, the table, the record written (``--out``, or under
+    ``benchmarks/results``; nowhere for ``--quick`` without ``--out``)."""
+    warnings.filterwarnings("ignore", message="Couldn't import `kahypar`")
+    device = config.device(args)
+    path = output_path(getattr(args, "out", None), config.name(args, device),
+                       getattr(args, "quick", False))
+    record = Record(config.measures, device, path, **config.fields(args))
+    print(record.header())
+    config.run(args, record, device)
+    record.save()
+    config.report(record)
+    return record
 
 
 # -- the command line ----------------------------------------------------------------
@@ -114,10 +158,12 @@ def output_path(out: Path | None, name: str, quick: bool = False) -> Path | None
 class Record(dict):
     """A benchmark's JSON record: its provenance first, then what the script adds.
 
-    ``device`` is a :class:`device.Device` (or anything with ``describe()``).
+    ``device`` is a :class:`device.Device` (or anything with ``describe()``);
+    ``path``: where :meth:`save` writes it (None: nowhere).
     """
 
-    def __init__(self, measures: str, device: Any, **fields: Any):
+    def __init__(self, measures: str, device: Any, path: Path | None = None, **fields: Any):
+        self.path = path
         super().__init__(
             benchmark=measures,
             date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -133,6 +179,11 @@ class Record(dict):
         where = self["device"].get("gpu", self["cpu_model"])
         return (f"# {self['date']} on the {self['device']['name'].upper()}: {where}, "
                 f"{self['nproc']} cores")
+
+    def save(self) -> None:
+        """Write (overwrite) the record at its ``path`` (after every step of a long run,
+        so a run cut short keeps what it finished)."""
+        self.write(self.path)
 
     def write(self, path: Path | None) -> None:
         """Write (overwrite) the record at ``path``; nothing for None."""
@@ -219,3 +270,30 @@ def print_targets(results: Iterable[Mapping[str, Any]]) -> None:
         print(f"target {t['run']}: {t['what']} {t['value']:.4g} "
               f"{'<=' if t['at_most'] else '>='} {t['bound']}: "
               f"{'met' if t['met'] else 'NOT met'}")
+
+
+# -- logs --------------------------------------------------------------------------
+@contextlib.contextmanager
+def captured_log(name: str, level: int,
+                 propagate: bool | None = None) -> Iterator[list[str]]:
+    """The messages logger ``name`` emits at ``level`` or above while the block runs,
+    in a list (clear it between calls); ``propagate=False`` keeps them from the root
+    logger's handlers meanwhile."""
+    lines: list[str] = []
+    log = logging.getLogger(name)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, before = Keep(level), (log.level, log.propagate)
+    log.setLevel(level)
+    if propagate is not None:
+        log.propagate = propagate
+    log.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(before[0])
+        log.propagate = before[1]

@@ -6,43 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from device import Device
 
 
 def _proc_tree_rss() -> int:
-    """RSS of this process and all its descendants (cluster workers included)."""
-    try:
-        import psutil
+    """RSS of this process and all its descendants (cluster workers included); psutil
+    comes with distributed."""
+    import psutil
 
-        me = psutil.Process()
-        total = me.memory_info().rss
-        for child in me.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
-        return total
-    except ImportError:
-        pass
-    # no psutil: walk /proc by parent pid
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                parents.setdefault(ppid, []).append(int(entry))
-    page = os.sysconf("SC_PAGE_SIZE")
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        todo.extend(parents.get(pid, []))
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
     return total
 
 

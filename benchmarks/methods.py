@@ -4,13 +4,13 @@ src_dask's (plain and ``oversample="auto"``), on the same inputs and device."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from device import Device
+from flops import plan_flops
 from memory import PeakMemory
-from problems import input_bytes, tiny_stack
+from problems import tiny_stack
 from timing import best_of
 
 #: The MPO·MPS methods, in the order they run: quimb's src first (ratios refer to it),
@@ -23,15 +23,16 @@ QUIMB_METHOD = {"quimb_src": "src", "quimb_src_oversample": "src-oversample",
                 "quimb_zipup": "zipup"}
 
 
-def sketch_width(method: str, chi: int) -> int | None:
-    """Sketch columns of a method's SRC step (None: not an SRC method)."""
-    if method in ("quimb_src", "src_dask"):
-        return chi
+def method_flops(method: str, A, psi, chi: int) -> dict[str, Any] | None:
+    """FLOPs of a method's SRC step on ``A psi`` (:func:`flops.plan_flops`, with the
+    method's sketch width; the rounding sweep of oversampled runs not in ``total``);
+    None for zipup, whose FLOPs are not counted."""
+    if method == "quimb_zipup":
+        return None
     if method == "quimb_src_oversample":  # quimb's default max_bond_oversample
-        return max(round(1.5 * chi), chi + 10)
-    if method == "src_dask_oversample":  # oversample="auto"
-        return chi + max(math.ceil(chi / 2), 10)
-    return None
+        return plan_flops(A, psi, chi_out=max(round(1.5 * chi), chi + 10))
+    return plan_flops(A, psi, chi_out=chi,
+                      oversample="auto" if method == "src_dask_oversample" else 0)
 
 
 def mpo_mps_runner(method: str, A, psi, chi: int, device: Device, seed: int,
@@ -56,11 +57,6 @@ def mpo_mps_runner(method: str, A, psi, chi: int, device: Device, seed: int,
     return run
 
 
-def as_quimb(result, device: Device):
-    """A result as a quimb MPS on ``device`` (src_dask returns NumPy TensorTrains)."""
-    return device.to_device(result.to_quimb()) if hasattr(result, "to_quimb") else result
-
-
 # -- quimb on the whole stack ---------------------------------------------------------
 def quimb_stack(trains, device: Device):
     """N V M U as one quimb network (four MPO layers) with its arrays on ``device``."""
@@ -73,10 +69,11 @@ def quimb_stack(trains, device: Device):
     return stack
 
 
-def quimb_stack_fits(sp: dict[str, Any], envs: int, device: Device,
+def quimb_stack_fits(inputs: int, envs: int, device: Device,
                      host_memory: int) -> tuple[bool, str]:
-    """Whether quimb's run (inputs and all sketch environments in memory) fits."""
-    need = input_bytes(sp) + envs
+    """Whether quimb's run (``inputs`` and all sketch environments, ``envs`` bytes, in
+    memory) fits."""
+    need = inputs + envs
     if device.is_gpu:
         have, where = 0.7 * device.describe()["memory_bytes"], "70% of device memory"
     else:

@@ -9,8 +9,8 @@ targets src_dask must reach on them.
   :mod:`src_dask.problems`. Scripts that run without quimb take
   :func:`mpo_mps_trains`: the same shapes, ``src_dask.problems.stack_mpo`` for the
   MPO and an uncapped MPS drawn here (``random_mps`` caps its bonds at the ends).
-- The stack ``N·V·M·U`` (``src_dask.problems.stack``): its spec, its padded
-  shapes and sizes, and its inputs written to Zarr and opened again.
+- The stack ``N·V·M·U`` (``src_dask.problems.stack``): its spec, its lazy trains
+  and their bytes, and its inputs written to Zarr and opened again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flops import padded
 from harness import Target
 
 #: Targets of the MPO·MPS problem per (device, chi), on the src_dask run.
@@ -32,7 +31,7 @@ MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
     ("cpu", 200): (Target("ratio_to_quimb_src", 0.5),),
 }
 #: Targets of the stack per (device, D_M, chi_out), on every src_dask run (not on the
-#: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/peers.py
+#: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/tools/peers.py
 #: ``peer_ratios``) are checked only where both runs are in the record: ``ratio_to_w1``
 #: is a 2-worker run's time over the 1-worker run's in the same mode,
 #: ``ratio_to_srcmethod_g2`` its time over src-method's on 2 GPUs.
@@ -100,27 +99,17 @@ def stack_spec(sites: int, dm: int, phys: int, seed: int) -> dict[str, Any]:
             "bonds": {name: bond or dm for name, bond in STACK_FACTORS}}
 
 
-def _core_shape(j: int, n: int, bond: int, phys: int) -> tuple[int, ...]:
-    """quimb's MPO layout: (l, r, u, d), first site (r, u, d), last (l, u, d)."""
-    return (*((bond,) if j > 0 else ()), *((bond,) if j < n - 1 else ()), phys, phys)
+def stack_trains(sp: dict[str, Any]) -> list:
+    """The four lazy trains of the spec (``src_dask.problems.stack``; nothing drawn)."""
+    from src_dask.problems import stack
 
-
-def site_shapes(sp: dict[str, Any]) -> list[list[tuple[int, ...]]]:
-    """Per site, the padded (a, b, u, d) shape of every factor (for FLOPs and sizes)."""
-    n, phys = sp["sites"], sp["phys"]
-    per_factor = [padded([_core_shape(j, n, bond, phys) for j in range(n)], mps=False)
-                  for bond in sp["bonds"].values()]
-    return [list(site) for site in zip(*per_factor, strict=True)]
+    return list(stack(sp["sites"], sp["bonds"]["M"], phys=sp["phys"], bond=sp["bonds"]["N"],
+                      seed=sp["seed"]).values())
 
 
 def input_bytes(sp: dict[str, Any]) -> int:
-    return sum(int(np.prod(t)) * 16 for site in site_shapes(sp) for t in site)
-
-
-def env_bytes(sites: list[list[tuple[int, ...]]], sketch: int, itemsize: int = 16) -> int:
-    """Bytes of all sketch environments ``C_1 .. C_{n-1}`` (``s * prod(a_i)`` each)."""
-    return sum(sketch * int(np.prod([t[0] for t in sites[j]])) for j in range(1, len(sites))
-               ) * itemsize
+    """Bytes of the spec's four trains."""
+    return sum(t.nbytes for t in stack_trains(sp))
 
 
 def free_bytes(path: Path) -> int:
@@ -135,7 +124,6 @@ def generate_inputs(sp: dict[str, Any], workdir: Path, regenerate: bool) -> dict
     ``src_dask.save`` from the lazy ``src_dask.problems.stack``: a 51 GB train never
     sits in memory."""
     import src_dask
-    from src_dask.problems import stack
 
     inputs = workdir / "inputs"
     marker = inputs / "spec.json"
@@ -151,9 +139,7 @@ def generate_inputs(sp: dict[str, Any], workdir: Path, regenerate: bool) -> dict
         raise SystemExit(f"not enough disk under {workdir}: the inputs need {need / 1e9:.2f} GB, "
                          f"{free / 1e9:.1f} GB are free (use --workdir elsewhere)")
     t0 = time.perf_counter()
-    trains = stack(sp["sites"], sp["bonds"]["M"], phys=sp["phys"], bond=sp["bonds"]["N"],
-                   seed=sp["seed"])
-    for name, train in trains.items():
+    for name, train in zip(sp["bonds"], stack_trains(sp), strict=True):
         src_dask.save(train, inputs / name, overwrite=True)
     seconds = time.perf_counter() - t0
     marker.write_text(json.dumps(sp))

@@ -13,36 +13,12 @@ from typing import Any
 import clusters
 from device import Device
 from flops import rates
+from harness import captured_log
 from memory import PeakMemory
 from methods import quimb_stack_fits, run_quimb_stack
 from problems import tiny_stack
 from timing import best_of, task_profile
-from transfers import TransferWatch, write_detail
-
-
-class _KeptInputs(logging.Handler):
-    """What src_dask decided about keeping the inputs for pass 2 (from its log)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.decision: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "lazy inputs" in message:
-            self.decision = message.removeprefix("src: ")
-
-    def __enter__(self) -> _KeptInputs:
-        log = logging.getLogger("src_dask")
-        self.level_before = log.level
-        log.setLevel(logging.INFO)
-        log.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        log = logging.getLogger("src_dask")
-        log.removeHandler(self)
-        log.setLevel(self.level_before)
+from tools.transfers import TransferWatch, write_detail
 
 
 def _has_bokeh() -> bool:
@@ -83,7 +59,7 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
     keep_inputs = {"auto": "auto", "yes": True, "no": False}[args.keep_inputs]
     t0 = time.perf_counter()
     with dask.config.set({"src_dask.device": device.name, "src_dask.keep-inputs": keep_inputs}), \
-            _KeptInputs() as kept, \
+            captured_log("src_dask", logging.INFO) as logged, \
             clusters.bench_cluster(n_workers, device, args, args.workdir) as (client, what):
         startup = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -118,8 +94,11 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
         # a stored result's cores are read from the store, which goes next
         result = src_dask.TensorTrain(result.to_numpy(), result.kind) if keep else None
     remove_store()
+    # what src_dask decided about keeping the inputs for pass 2 (its log says it)
+    decision = next((m.removeprefix("src: ") for m in reversed(logged) if "lazy inputs" in m),
+                    None)
     return {"workers": n_workers, "cluster": what, "store": str(store) if store else None,
-            "keep_inputs": {"option": args.keep_inputs, "decision": kept.decision}, **timing,
+            "keep_inputs": {"option": args.keep_inputs, "decision": decision}, **timing,
             "plan": {"text": str(planned), "peak_device_bytes": planned.peak_device,
                      "peak_host_bytes": planned.peak_host, "spilled_bytes": planned.spilled,
                      "task_bytes": planned.task_bytes, "chunk": planned.chunk,
@@ -133,7 +112,8 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
 def time_quimb(record: dict[str, Any], earlier: dict[str, Any], trains, args, device: Device,
                envs: int, gemm: dict[str, Any]) -> dict[str, Any]:
     """quimb's entry: timed here (``--quimb``), kept from ``--merge``, or why not."""
-    fits, why = quimb_stack_fits(record["problem"], envs, device, clusters.host_memory())
+    fits, why = quimb_stack_fits(record["sizes"]["inputs_bytes"], envs, device,
+                                 clusters.host_memory())
     if args.quimb == "yes" or (args.quimb == "auto" and fits):
         try:
             entry = run_quimb_stack(trains, args.chi_out, args.phys, args.seed, args.repeats,

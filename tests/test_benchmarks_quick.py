@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "bench_transfer",
-           "gpu_reference", "plan_reference", "plot_stack", "profile_gpu", "profile_kernels",
-           "timeline", "bench_memory_ladder", "plot_ladder")
+SCRIPTS = ("bench_cpu", "bench_mpo_mps", "bench_stack", "bench_overhead", "gpu_reference",
+           "bench_memory_ladder", "tools.bench_transfer", "tools.plan_reference",
+           "tools.plot_stack", "tools.profile_gpu", "tools.profile_kernels", "tools.timeline",
+           "tools.plot_ladder")
 #: What every table with a percentage of the GEMM rate states under it.
 FLOP_LEGEND = "FLOPs: complex multiply-add = 8 flop"
 
@@ -56,7 +57,7 @@ def test_no_script_writes_time_stamped_names():
     from the clock, and the old history folder is gone."""
     assert not (BENCH / "results" / "history").exists()
     assert not [p for p in (BENCH / "results").iterdir() if re.search(r"_\d{4}Z\.", p.name)]
-    for path in [*BENCH.glob("*.py"), *BENCH.glob("*.sh")]:
+    for path in [*BENCH.glob("*.py"), *BENCH.glob("tools/*.py"), *BENCH.glob("*.sh")]:
         text = path.read_text()
         assert "strftime" not in text and "%H%MZ" not in text, path
 
@@ -158,7 +159,7 @@ def test_bench_transfer_best_picks_the_fastest_link(tmp_path, capsys):
         {"protocol": "tcp", "rmm": "async", "best_GBps": 1.0},
         {"protocol": "ucx", "rmm": "pool", "best_GBps": 40.0},
         {"protocol": "ucx", "rmm": "async", "error": "RuntimeError()"}]}))
-    bench_transfer = importlib.import_module("bench_transfer")
+    bench_transfer = importlib.import_module("tools.bench_transfer")
 
     def best(path: Path) -> str:
         bench_transfer.main(["--best", str(path)])
@@ -174,7 +175,7 @@ def test_plot_stack_draws_the_recorded_runs(tmp_path):
     PNG where matplotlib is installed."""
     import importlib.util
 
-    plot_stack = importlib.import_module("plot_stack")
+    plot_stack = importlib.import_module("tools.plot_stack")
     assert plot_stack.TARGET_S == {(1000, 500): 22.0, (2000, 1000): 175.0}
     paths = sorted((BENCH / "results").glob("stack_gpu_dm*.json"))
     records = [json.loads(p.read_text()) for p in paths]
@@ -201,7 +202,7 @@ def test_plan_reference_prints_plans_and_verdicts(tmp_path, capsys):
     """The plan of a stack on described GPU machines (no GPU needed, nothing drawn)."""
     import json
 
-    from plan_reference import main
+    from tools.plan_reference import main
 
     assert main(["--gpus", "1", "2", "--dm", "64", "--chi-out", "32",
                  "--json", str(tmp_path / "p.json")]) == 0
@@ -242,7 +243,7 @@ def test_timeline_splits_each_site_into_work_and_waits(tmp_path, capsys):
     task(f"('pass1_site1-{token}', 1)", "b", (-5, -2))
     path = tmp_path / "tasks_w2_memory.json"
     path.write_text(json.dumps(rows))
-    (out,), stdout = _main("timeline", str(path), capsys=capsys)
+    (out,), stdout = _main("tools.timeline", str(path), capsys=capsys)
     assert [s["site"] for s in out["sites"]] == [2, 1] and out["pass2_s"] == 20.0
     for s in out["sites"]:
         assert s["period_s"] == 10.0 and s["gather_s"] == 1.0 and s["qr_s"] == 1.0
@@ -259,7 +260,7 @@ def test_timeline_splits_each_site_into_work_and_waits(tmp_path, capsys):
 
     packed = tmp_path / "tasks_w2_memory.json.gz"
     packed.write_bytes(gzip.compress(path.read_bytes()))
-    (again,), _ = _main("timeline", str(packed), capsys=capsys)
+    (again,), _ = _main("tools.timeline", str(packed), capsys=capsys)
     assert again["chain"] == out["chain"] and again["pass2_s"] == out["pass2_s"]
 
 
@@ -282,8 +283,7 @@ def test_gpu_wheels_pins_what_the_gpu_extra_pins():
     assert pins["distributed-ucxx-cu13"].rstrip(".*") == values["UCXX"].rsplit(".", 1)[0]
     assert subprocess.run(["bash", "-n", str(BENCH / "gpu_wheels.sh")]).returncode == 0
     for path in [root / "README.md", *(root / "docs").glob("*.md"), *BENCH.glob("*.md"),
-                 *BENCH.glob("*.sh"),
-                 *BENCH.glob("*.py")]:
+                 *BENCH.glob("*.sh"), *BENCH.glob("*.py"), *BENCH.glob("tools/*.py")]:
         assert "shared/tools" not in path.read_text(), path
 
 
@@ -293,7 +293,7 @@ def test_plot_ladder_draws_one_line_per_stack(tmp_path):
     PNG where matplotlib is installed."""
     import importlib.util
 
-    plot_ladder = importlib.import_module("plot_ladder")
+    plot_ladder = importlib.import_module("tools.plot_ladder")
     paths = sorted((BENCH / "results").glob("memory_ladder_dm*.json"))
     records = [json.loads(p.read_text()) for p in paths]
     groups = plot_ladder.lines(records)
@@ -310,3 +310,15 @@ def test_plot_ladder_draws_one_line_per_stack(tmp_path):
     out = tmp_path / "ladder.png"
     plot_ladder.main([*map(str, paths), "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmarks_import_only_public_src_dask():
+    """The benchmarks and their tools use src_dask's public API alone, but for the two
+    tools that measure src_dask's internals themselves (the UCX comm's waits, single
+    kernels)."""
+    internals = {"tools/bench_transfer.py", "tools/profile_kernels.py"}
+    private = re.compile(r"^\s*(from src_dask(\.\w+)* import _|from src_dask\._|"
+                         r"import src_dask\._)", re.M)
+    for path in BENCH.rglob("*.py"):
+        name = path.relative_to(BENCH).as_posix()
+        assert name in internals or not private.search(path.read_text()), name

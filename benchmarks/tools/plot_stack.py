@@ -2,9 +2,10 @@
 """A PNG of bench_stack.py records: each run's wall time split into pass 1 and the rest
 (quimb's src, where a record timed it, as one grey bar; the peer src-method's runs
 split by the pass times it logs), against the time target and
-the FLOP floor (benchmarks/flops.py) at the GEMM rate of its run.
+the FLOP floor (the record's ``flops``, in its ``flop_convention``) at the GEMM rate
+of its run.
 
-    python benchmarks/plot_stack.py benchmarks/results/stack_gpu_*.json
+    python benchmarks/tools/plot_stack.py benchmarks/results/stack_gpu_*.json
     (writes benchmarks/results/stack_gpu.png; --out elsewhere)
 """
 
@@ -14,7 +15,6 @@ import json
 import textwrap
 from pathlib import Path
 
-from flops import LEGEND
 from harness import RESULTS, parser
 from problems import STACK_TARGETS
 
@@ -109,7 +109,8 @@ def plot(records: list[dict], path: Path) -> None:
                      f"{runs[-1]['where']}", fontsize=9)
         ax.set_xlabel("seconds")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.text(0.01, 0.005, textwrap.fill(LEGEND, 160), fontsize=6)
+    conventions = sorted({r.get("flop_convention", "") for r in records})
+    fig.text(0.01, 0.005, textwrap.fill("FLOPs: " + "; ".join(conventions), 160), fontsize=6)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

@@ -3,7 +3,7 @@
 use (its RMM pool's cap; the uncapped rung at the device's memory), one line per
 stack, rungs that did not finish marked at the top.
 
-    python benchmarks/plot_ladder.py benchmarks/results/memory_ladder_dm*.json
+    python benchmarks/tools/plot_ladder.py benchmarks/results/memory_ladder_dm*.json
     (writes benchmarks/results/memory_ladder.png; --out elsewhere)
 """
 

@@ -15,14 +15,19 @@ on several GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the
 protocol and allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses
 it).
 
-    python benchmarks/bench_transfer.py --protocol tcp ucx --rmm async pool
-    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
-    python benchmarks/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
+It lives in tools/, not beside the benchmarks, because ``--ucx-sync`` measures
+src_dask's own UCX patch outside a run: what Dask's UCX comm waits for is switched by
+the private ``src_dask._ucx.ucx_waits_for_default_stream`` (a run switches it itself,
+from the config ``src_dask.ucx-sync``; no public call does it between runs).
+
+    python benchmarks/tools/bench_transfer.py --protocol tcp ucx --rmm async pool
+    python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
+    python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 --busy 1 \
         --ucx-sync device stream   # while both GPUs compute: the comm's two waits
-    python benchmarks/bench_transfer.py --scheduler-file sched.json  # workers already up:
+    python benchmarks/tools/bench_transfer.py --scheduler-file sched.json  # workers already up:
         # dask scheduler --protocol ucx --scheduler-file sched.json &
         # dask cuda worker --scheduler-file sched.json --rmm-pool-size 16GB &
-    python benchmarks/bench_transfer.py --best benchmarks/results/transfer_gpu.json
+    python benchmarks/tools/bench_transfer.py --best benchmarks/results/transfer_gpu.json
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
-from harness import Record, cell, output_path, parser, print_table
+from harness import Config, Record, cell, execute_benchmark, parser, print_table
 
 
 def _make(nbytes: int):
@@ -191,7 +197,7 @@ def best(path: Path) -> str:
     return f"{top.get('protocol', 'tcp')} {top.get('rmm', 'async')}"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> Record | None:
     p = parser(__doc__, repeats=3, out="transfer_gpu.json")
     p.add_argument("--best", type=Path, metavar="JSON",
                    help="only print the protocol and allocator of the fastest run in JSON")
@@ -213,14 +219,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.best:
         print(best(args.best))
-        return
-    from device import Device
+        return None
+    return execute_benchmark(CONFIG, args)
 
-    sizes = [int(g * 2**30) for g in args.gib]
-    record = Record("CuPy block from one GPU worker to another", Device("gpu", cluster=True),
-                    peer_access=_peer_access(), sizes_bytes=sizes, repeats=args.repeats,
-                    runs=[])
-    print(record.header())
+
+def run(args, record: Record, device: Any) -> None:
+    """Every configuration (protocol, allocator; or the running cluster's workers)."""
+    sizes = record["sizes_bytes"]
     configs = ([("scheduler-file", "as started")] if args.scheduler_file else
                [(protocol, rmm) for protocol in args.protocol for rmm in args.rmm])
     for protocol, rmm in configs:
@@ -233,6 +238,9 @@ def main(argv: list[str] | None = None) -> None:
                                           tuple(args.ucx_sync))
         except Exception as e:  # noqa: BLE001 - one failing still reports the others
             record["runs"].append({"protocol": protocol, "rmm": rmm, "error": repr(e)})
+
+
+def report(record: Record) -> None:
     print_table(["protocol", "rmm", "sync", "busy s", "GiB", "warm-up s", "mapping s",
                  "best GB/s", "link GB/s", "seconds", "error"],
                 [[r["protocol"], r["rmm"], r.get("ucx_sync") or "-",
@@ -244,13 +252,26 @@ def main(argv: list[str] | None = None) -> None:
                 ["From worker 0 to worker 1. warm-up: the first transfer of that size "
                  "(the first on a cluster maps the sender's memory once); mapping: its "
                  "excess over the best timed one; best and seconds: the "
-                 f"{args.repeats} timed transfers after it, from submitting the task that "
-                 "needs the block to its result on the client; link: the dependency's "
+                 f"{record['repeats']} timed transfers after it, from submitting the task "
+                 "that needs the block to its result on the client; link: the dependency's "
                  "transfer alone, from the receiving worker's transfer log; sync: what "
                  "Dask's UCX comm waits for (device: all kernels of the GPU; stream: its "
                  "default stream); busy: seconds of GEMMs queued on both GPUs before each "
                  f"transfer. Peer access: {record['peer_access']}"], align="lllrrrrrrll")
-    record.write(output_path(args.out, "transfer_gpu.json"))
+
+
+def _device(args) -> Any:
+    from device import Device
+
+    return Device("gpu", cluster=True)
+
+
+CONFIG = Config(
+    measures="CuPy block from one GPU worker to another",
+    name=lambda args, device: "transfer_gpu.json", device=_device, run=run, report=report,
+    fields=lambda args: {"peer_access": _peer_access(),
+                         "sizes_bytes": [int(g * 2**30) for g in args.gib],
+                         "repeats": args.repeats, "runs": []})
 
 
 if __name__ == "__main__":

@@ -33,11 +33,14 @@ import time
 from typing import Any
 
 import numpy as np
-from accuracy import core_difference, train_distance
+from accuracy import core_difference
 from device import Device
+from harness import captured_log
 from memory import PeakMemory
 from problems import tiny_stack
 from timing import best_of
+
+import src_dask
 
 #: The version whose API this glue follows (``Resources(devices=...)`` is new in 0.5).
 SRCMETHOD_VERSION = "0.5.0"
@@ -82,45 +85,20 @@ def load_host(trains) -> tuple[list[list[np.ndarray]], float]:
     return host, seconds
 
 
-class _SweepLog(logging.Handler):
-    """src-method's debug lines of the last call: pass times per device, stalls, plan."""
+#: src-method's debug line of one pass's time (per device when it runs on several).
+PASS = re.compile(r"^(?:Device (\d+): )?(Left-to-right|Right-to-left) sweep: ([\d.]+) s")
 
-    PASS = re.compile(r"^(?:Device (\d+): )?(Left-to-right|Right-to-left) sweep: ([\d.]+) s")
 
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def reset(self) -> None:
-        self.lines = []
-
-    def profile(self) -> dict[str, Any]:
-        """The last call's pass spans (the slowest device's), in bench_stack's profile
-        keys, with the log lines themselves."""
-        spans: dict[str, float] = {}
-        for line in self.lines:
-            m = self.PASS.match(line)
-            if m:
-                key = "pass1_span_s" if m.group(2) == "Left-to-right" else "pass2_span_s"
-                spans[key] = max(spans.get(key, 0.0), float(m.group(3)))
-        return {"per_step": {}, **spans, "log": list(self.lines)}
-
-    def __enter__(self) -> _SweepLog:
-        log = logging.getLogger("src_method")
-        self.before = (log.level, log.propagate)
-        log.setLevel(logging.DEBUG)
-        log.propagate = False  # its debug lines go here, not to a root handler
-        log.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        log = logging.getLogger("src_method")
-        log.removeHandler(self)
-        log.setLevel(self.before[0])
-        log.propagate = self.before[1]
+def sweep_profile(lines: list[str]) -> dict[str, Any]:
+    """The pass spans (the slowest device's) of src-method's debug lines of a call, in
+    bench_stack's profile keys, with the lines themselves."""
+    spans: dict[str, float] = {}
+    for line in lines:
+        m = PASS.match(line)
+        if m:
+            key = "pass1_span_s" if m.group(2) == "Left-to-right" else "pass2_span_s"
+            spans[key] = max(spans.get(key, 0.0), float(m.group(3)))
+    return {"per_step": {}, **spans, "log": list(lines)}
 
 
 def free_pools(device: Device, n_devices: int) -> None:
@@ -150,16 +128,16 @@ def run_srcmethod(sm, host: list[list[np.ndarray]], n_devices: int, args,
         return sm.src(*trains, chi_out=chi_out, oversample=1.0, seed=seed, device=where,
                       resources=resources)
 
-    with _SweepLog() as log:
+    with captured_log("src_method", logging.DEBUG, propagate=False) as log:
         t0 = time.perf_counter()
         call([t.to_numpy() for t in tiny_stack(args.phys)], 4, 0)
         warm = time.perf_counter() - t0
         free_pools(device, n_devices)
         with PeakMemory(device) as memory:
             timing, result = best_of(lambda: call(host, args.chi_out, args.seed),
-                                     args.repeats, sync=device.sync, setup=log.reset,
+                                     args.repeats, sync=device.sync, setup=log.clear,
                                      warmup=args.full_warmup)
-        profile = log.profile()
+        profile = sweep_profile(log)
     free_pools(device, n_devices)
     what = (f"src_method {getattr(sm, '__version__', '?')}.src(device={where!r}, "
             f"Resources(devices={n_devices})) in this process"
@@ -175,26 +153,25 @@ def run_srcmethod(sm, host: list[list[np.ndarray]], n_devices: int, args,
             "calls": len(timing["times_s"]) + ("warmup_s" in timing)}, result
 
 
-def compare_results(ours, ours_key: str | None, results: dict[str, list[np.ndarray]],
-                    device: Device) -> dict[str, dict[str, Any]]:
+def compare_results(ours, ours_key: str | None,
+                    results: dict[str, list[np.ndarray]]) -> dict[str, dict[str, Any]]:
     """Per src-method run: how its cores compare with src_dask's first run (``ours``, a
     TensorTrain, or None) and with src-method's first run on another device count.
 
     The sketches differ between the two libraries (their own random streams), so the
-    results differ by about the truncation error of the stack: ``norm_ratio`` should
-    be near 1 and ``rel_distance`` is at most about twice the error of either; nothing
-    is asserted. src-method draws the same sketch whatever its device count, so its
+    results differ by about the truncation error of the stack: ``rel_distance``
+    (``src_dask.distance``, relative to ours) is at most about twice the error of
+    either; nothing is asserted. src-method draws the same sketch whatever its device count, so its
     runs should agree core by core to rounding.
     """
     out: dict[str, dict[str, Any]] = {}
     first_key = next(iter(results), None)
-    ours_cores = ours.to_numpy() if ours is not None else None
     for key, cores in results.items():
         entry: dict[str, Any] = {}
-        if ours_cores is not None:
+        if ours is not None:
             try:
-                entry["vs_src_dask"] = {"run": ours_key,
-                                        **train_distance(ours_cores, cores, device.xp)}
+                entry["vs_src_dask"] = {"run": ours_key, "rel_distance": src_dask.distance(
+                    src_dask.TensorTrain(cores, "mpo"), ours)}
             except Exception as err:  # noqa: BLE001 - a comparison never sinks the record
                 entry["vs_src_dask"] = {"run": ours_key, "error": repr(err)}
         if key != first_key:
@@ -258,7 +235,7 @@ def time_peers(trains, args, device: Device, ours=None, ours_key: str | None = N
         print(f"{key}: best {entry['best_s']:.3f} s ({entry['cluster']})", flush=True)
     del host
     if keep and results:
-        for key, found in compare_results(ours, ours_key, results, device).items():
+        for key, found in compare_results(ours, ours_key, results).items():
             entries[key].update(found)
     return entries
 

@@ -7,7 +7,7 @@ chi) with ``src_dask.device = "gpu"``: one warm-up call, one call under Dask's
 Profiler (task time per step, printed as a table), one under cProfile (the
 functions with the most own time). Prints only.
 
-    python benchmarks/profile_gpu.py [--chi 1000] [--sites 50]
+    python benchmarks/tools/profile_gpu.py [--chi 1000] [--sites 50]
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ next one's first start there): the waits for the scheduler's round trip and for 
 Pass 1 is summed up by its pace: the time between the ends of consecutive sites' last
 block.
 
-    python benchmarks/timeline.py DIR/tasks_w2_memory.json
-    python benchmarks/timeline.py DIR/tasks_w1_memory.json DIR/tasks_w2_memory.json --sites 5
-    python benchmarks/timeline.py benchmarks/results/x2_tasks/dm1000_w2_memory.json.gz
+    python benchmarks/tools/timeline.py DIR/tasks_w2_memory.json
+    python benchmarks/tools/timeline.py DIR/tasks_w1_memory.json DIR/tasks_w2_memory.json --sites 5
+    python benchmarks/tools/timeline.py benchmarks/results/x2_tasks/dm1000_w2_memory.json.gz
 """
 
 from __future__ import annotations
@@ -46,15 +46,21 @@ from typing import Any
 _KEY = re.compile(r"\('(pass1|pass2)_site(\d+)-\w+',?\s*'?(\w*)'?")
 
 
-def _union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi) covered by ``intervals``."""
-    covered, end = 0.0, lo
-    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
-        if b <= end:
-            continue
-        covered += b - max(a, end)
-        end = b
-    return covered
+def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``intervals`` as disjoint intervals, sorted."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi) covered by ``intervals`` (overlapping ones counted once)."""
+    return sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in merge(intervals)
+               if a < hi and b > lo)
 
 
 def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,7 +97,7 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         lo, hi = starts[j], starts[nxt]
         site: dict[str, Any] = {"site": j, "period_s": hi - lo}
         for w in range(len(workers)):
-            site[f"busy_w{w}"] = _union(compute[w], lo, hi) / (hi - lo) if hi > lo else 0.0
+            site[f"busy_w{w}"] = covered(compute[w], lo, hi) / (hi - lo) if hi > lo else 0.0
         sketches, qrs, shares = steps.get((j, "sketch")), steps.get((j, "qr")), \
             steps.get((j, "update"))
         if sketches and qrs:

@@ -8,8 +8,8 @@ the seed's reference size D_M=4000/χ_out=2000 above all. For each stack and GPU
 count it prints the plan and whether it fits: device peak within the device limit,
 what spills within the host's memory, the inputs and a store within the disk.
 
-    python benchmarks/plan_reference.py                      # 1, 2, 4 x H200
-    python benchmarks/plan_reference.py --gpus 4 --dm 4000 --chi-out 2000 --json out.json
+    python benchmarks/tools/plan_reference.py                      # 1, 2, 4 x H200
+    python benchmarks/tools/plan_reference.py --gpus 4 --dm 4000 --chi-out 2000 --json out.json
 
 The inputs are the lazy trains of ``src_dask.problems.stack`` (nothing is drawn).
 """
@@ -26,45 +26,28 @@ import sys
 import dask
 
 import src_dask
-from src_dask import _api, _estimate, _graph, _plan, _runstore
-from src_dask._cluster import DEVICE_MEMORY_LIMIT
-from src_dask._stack import make_stack
+from src_dask.diagnostics import GPU_WORKER_RSS, described_plan
 
 #: The GPU machines of docs/design.md §6 (H200: 139 GiB usable of 141 GB).
 MACHINES = {1: (139 * 2**30, 128 * 2**30, 64 * 2**30),
             2: (139 * 2**30, 256 * 2**30, 128 * 2**30),
             4: (139 * 2**30, 512 * 2**30, 235 * 2**30)}
 REFERENCE = [(1000, 500), (2000, 1000), (4000, 2000)]
-WORKER_RSS = 3 * 2**30  # a dask-cuda worker's own host memory (CUDA context, libraries)
 
 
-def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int, host_memory: int,
-             device_fraction: float = DEVICE_MEMORY_LIMIT, threads: int = 4
-             ) -> src_dask.RunPlan:
-    """The plan of the D_M stack on ``gpus`` GPU workers of ``device_memory`` each, with
-    dask-cuda's device limit at ``device_fraction`` (``src_dask.cluster``'s default),
-    ``threads`` per worker (also its default) and the host's memory shared."""
+def plan_for(gpus: int, dm: int, chi_out: int, device_memory: int,
+             host_memory: int) -> src_dask.RunPlan:
+    """The plan of the lazy D_M stack on ``gpus`` GPU workers of ``device_memory``
+    each, with ``src_dask.cluster``'s defaults and the host's memory shared."""
     trains = src_dask.problems.stack(50, dm).values()
-    stack = make_stack(tuple(trains))
-    host = host_memory // gpus
-    facts = _plan.Workers(count=gpus, threads=threads, rss=WORKER_RSS, host_limit=host,
-                          keep=int(0.6 * host), device_limit=int(device_fraction * device_memory),
-                          device_memory=device_memory, memory=device_memory)
-    p = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts, slots=gpus)
-    workers = [f"ucx://gpu{i}" for i in range(gpus)]
-    sweep = _plan.SweepPlan.decide(stack, p, workers)
-    graph = _graph.build(stack, p, workers)
-    return _estimate.estimate(stack, sweep, facts, store=False,
-                              tasks=_graph.task_count(graph),
-                              store_bytes=_runstore.planned_bytes(stack, p.sketch),
-                              product=_estimate.describe_product(stack),
-                              where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
+    return described_plan(*trains, chi_out=chi_out, gpus=gpus, device_memory=device_memory,
+                          host_memory=host_memory)
 
 
 def verdict(p: src_dask.RunPlan, device_memory: int, host_memory: int, disk: int) -> dict:
     """Whether the plan fits the machine, and by how much: the device's data (up to
     dask-cuda's limit) and tasks within the device less its headroom."""
-    spill_to_disk = max(0, p.spilled * p.workers - host_memory + p.workers * WORKER_RSS)
+    spill_to_disk = max(0, p.spilled * p.workers - host_memory + p.workers * GPU_WORKER_RSS)
     usable = (1 - dask.config.get("src_dask.device-headroom")) * device_memory
     return {"device_peak_fits": p.peak_device <= usable,
             "spilled_to_host_GB": p.spilled * p.workers / 1e9,
@@ -99,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                             "plan": dataclasses.asdict(p), "fits": fits})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": " ".join(["python benchmarks/plan_reference.py",
+            json.dump({"command": " ".join(["python benchmarks/tools/plan_reference.py",
                                             *(argv or sys.argv[1:])]),
                        "date": datetime.date.today().isoformat(),
                        "note": "a plan for described machines, computed on a CPU: no run",

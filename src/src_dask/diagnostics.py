@@ -1,0 +1,50 @@
+"""The plan of a run on described GPU workers, for sizing a machine one does not have.
+
+:func:`src_dask.plan` asks the workers of a running cluster what they hold; a machine
+that is not lent yet cannot be asked. :func:`described_plan` gives the same
+:class:`~src_dask.RunPlan` for GPU workers described by hand (their count, device
+memory, the host's memory), with ``src_dask.cluster``'s defaults for what is not said
+(device limit, threads per worker). ``benchmarks/tools/plan_reference.py`` sizes the
+reference stacks with it on one, two and four H200s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._estimate import RunPlan
+
+#: A dask-cuda worker's own resident host memory (CUDA context, libraries), in bytes.
+GPU_WORKER_RSS = 3 * 2**30
+
+
+def described_plan(*trains: Any, chi_out: int, gpus: int, device_memory: int,
+                   host_memory: int, device_memory_limit: float | None = None,
+                   threads: int = 4, worker_rss: int = GPU_WORKER_RSS) -> RunPlan:
+    """The plan of ``src(*trains, chi_out=chi_out)`` on ``gpus`` GPU workers of
+    ``device_memory`` bytes each, sharing ``host_memory`` bytes of host memory.
+
+    ``device_memory_limit``: the share of a device at which dask-cuda spills stored
+    data to the host (``src_dask.cluster``'s default when None); ``threads``: tasks a
+    worker runs at once (also its default). Each worker may keep 60 % of its share of
+    the host before spilling to disk, as distributed's ``memory.target``.
+    """
+    from . import _api, _estimate, _graph, _plan, _runstore
+    from ._cluster import DEVICE_MEMORY_LIMIT
+    from ._stack import make_stack
+
+    stack = make_stack(tuple(trains))
+    host = host_memory // gpus
+    fraction = DEVICE_MEMORY_LIMIT if device_memory_limit is None else device_memory_limit
+    facts = _plan.Workers(count=gpus, threads=threads, rss=worker_rss, host_limit=host,
+                          keep=int(0.6 * host), device_limit=int(fraction * device_memory),
+                          device_memory=device_memory, memory=device_memory)
+    plan = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts,
+                            slots=gpus)
+    workers = [f"ucx://gpu{i}" for i in range(gpus)]
+    return _estimate.estimate(
+        stack, _plan.SweepPlan.decide(stack, plan, workers), facts, store=False,
+        tasks=_graph.task_count(_graph.build(stack, plan, workers)),
+        store_bytes=_runstore.planned_bytes(stack, plan.sketch),
+        product=_estimate.describe_product(stack),
+        where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
