@@ -24,10 +24,13 @@ from typing import Any
 import numpy as np
 from harness import Target
 
+#: The "of GEMM" targets below are in the plan's FLOP count (``RunPlan.flops``): they were
+#: set as 60 % (MPO·MPS) and 70 % (stacks) in the count of the records before 2026-12-02,
+#: which counted 1/0.86 and 1/0.76 as many FLOPs (README.md, "Targets").
 #: Targets of the MPO·MPS problem per (device, chi), on the src_dask run.
 MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
     ("gpu", 1000): (Target("ratio_to_quimb_src", 0.6),),
-    ("gpu", 2000): (Target("fraction_of_gemm", 0.6, at_most=False),),
+    ("gpu", 2000): (Target("fraction_of_gemm", 0.52, at_most=False),),
     ("cpu", 200): (Target("ratio_to_quimb_src", 0.5),),
 }
 #: Targets of the stack per (device, D_M, chi_out), on every src_dask run (not on the
@@ -36,9 +39,9 @@ MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
 #: is a 2-worker run's time over the 1-worker run's in the same mode,
 #: ``ratio_to_srcmethod_g2`` its time over src-method's on 2 GPUs.
 STACK_TARGETS: dict[tuple[str, int, int], tuple[Target, ...]] = {
-    ("gpu", 1000, 500): (Target("best_s", 22.0), Target("fraction_of_gemm", 0.7, False),
+    ("gpu", 1000, 500): (Target("best_s", 22.0), Target("fraction_of_gemm", 0.53, False),
                          Target("ratio_to_w1", 0.55), Target("ratio_to_srcmethod_g2", 0.5)),
-    ("gpu", 2000, 1000): (Target("best_s", 175.0), Target("fraction_of_gemm", 0.7, False),
+    ("gpu", 2000, 1000): (Target("best_s", 175.0), Target("fraction_of_gemm", 0.53, False),
                           Target("ratio_to_w1", 0.55), Target("ratio_to_srcmethod_g2", 0.6)),
 }
 
