@@ -165,8 +165,8 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
     _progress.check_report(performance_report, client)
     if store is not None:
         _paths.check_space(store, _runstore.planned_bytes(stack, p.sketch), "the run store")
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    graph = _graph.build(stack, p, workers)
+    addresses = _addresses(client)
+    graph = _graph.build(stack, p, addresses)
     return _estimate_of(stack, p, client, facts, store is not None, _graph.task_count(graph))
 
 
@@ -196,8 +196,8 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
     keep all their data in memory (no limit) spill nothing: not asked."""
     if facts.disk_free is None or facts.keep is None:
         return
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    addresses = _addresses(client)
+    sweep = _plan.SweepPlan.decide(stack, plan, addresses)
     need = _estimate.estimate(stack, sweep, facts, store=store, tasks=0, store_bytes=0,
                               product="").to_disk * facts.disk_sharing
     if need > facts.disk_free:
@@ -206,6 +206,11 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
                       f"{b(need)} of environments to disk there (beyond their memory), but "
                       f"only {b(facts.disk_free)} are free; give them more memory, a "
                       "local_directory on a larger disk, or a run store (store=) on one")
+
+
+def _addresses(client: Any) -> list[str] | None:
+    """The addresses of ``client``'s workers, in order (None without a client)."""
+    return None if client is None else sorted(client.scheduler_info()["workers"])
 
 
 class _Call(NamedTuple):
@@ -217,14 +222,14 @@ class _Call(NamedTuple):
     store: str | None
     seed: int | None
     oversample: int
-    workers: _plan.Workers  # what the workers have, asked once a call
+    facts: _plan.Workers  # what the workers have, asked once a call
 
 
 def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
                  store: bool, tasks: int) -> RunPlan:
     """The :class:`RunPlan` of a run of ``tasks`` tasks."""
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    addresses = _addresses(client)
+    sweep = _plan.SweepPlan.decide(stack, plan, addresses)
     return _estimate.estimate(
         stack, sweep, facts, store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
@@ -308,28 +313,28 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     return plan
 
 
-def _reproject(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int,
+def _reproject(stack: Stack, plan: _plan.Plan, facts: _plan.Workers, ahead: int,
                store: bool) -> bool:
     """Whether a GPU run projects each ``Z_j`` twice instead of keeping it
     (``Plan.reproject``): where the device would not keep ``Z_j`` beside the rest of the
     run's data even with every environment in host memory (or in the store), so
     dask-cuda would spill it to host memory and read it back at every site. Not for
     pass 2 split over several GPUs (each holds its share of ``Z``)."""
-    if _plan.Pass2.of_run(plan.device, workers.count).split:
+    if _plan.Pass2.of_run(plan.device, facts.count).split:
         return False
-    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    keep = facts.device_limit or _estimate.usable_device(facts) or 0
     least = dataclasses.replace(plan, host_envs=0 if store else stack.n - 1)
-    return max(_estimate.data_held(stack, least, workers.count, store)) + ahead > keep
+    return max(_estimate.data_held(stack, least, facts.count, store)) + ahead > keep
 
 
-def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int) -> int:
+def _host_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers, ahead: int) -> int:
     """How many of the first sites' environments a GPU run keeps in host memory: those
     the device would not keep beside the rest of the run's data (what dask-cuda keeps
     before spilling, or the usable device)."""
-    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    keep = facts.device_limit or _estimate.usable_device(facts) or 0
     everything = dataclasses.replace(plan, host_envs=stack.n - 1)
-    other = max(_estimate.data_held(stack, everything, workers.count, False)) + ahead
-    return _plan.host_envs(_estimate.environments(stack, plan, workers.count), keep - other)
+    other = max(_estimate.data_held(stack, everything, facts.count, False)) + ahead
+    return _plan.host_envs(_estimate.environments(stack, plan, facts.count), keep - other)
 
 
 #: Sites ahead of use a GPU worker reads inputs where environments go to its disk: the
@@ -337,17 +342,17 @@ def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: in
 _ENVS_FIRST = 2
 
 
-def _disk_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers) -> int:
+def _disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
     """How many of the environments a GPU run sends to host memory go on to disk: those
     beyond what the worker keeps in host memory before Dask would spill them (on its
     event loop), less the pinned buffers of the inputs read ahead of use
     (``_plan.read_ahead``) and of the environments' own way to disk and back."""
-    if not plan.host_envs or workers.keep is None:
+    if not plan.host_envs or facts.keep is None:
         return 0
-    envs = _estimate.environments(stack, plan, workers.count)[:plan.host_envs + 1]
+    envs = _estimate.environments(stack, plan, facts.count)[:plan.host_envs + 1]
     staged = _estimate.staged_envs(stack, dataclasses.replace(plan, disk_envs=plan.host_envs),
-                                   workers.count)
-    budget = (workers.keep - staged
+                                   facts.count)
+    budget = (facts.keep - staged
               - _estimate.pinned_reads(stack, _plan.lookahead(stack, plan), plan.device))
     return _plan.host_envs(envs, budget)
 
@@ -393,16 +398,16 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
         if flops is not None:
             return _run_in_one_task(stack, plan, client, flops, persist)
     summary = _progress.describe(stack, plan, client)
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    graph = _graph.build(stack, plan, workers, run, resume)
-    _warn_of_a_slow_link(stack, plan, client, workers)
+    addresses = _addresses(client)
+    graph = _graph.build(stack, plan, addresses, run, resume)
+    _warn_of_a_slow_link(stack, plan, client, addresses)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     with in_graph(stack), _files_removed(graph, plan, client), \
-            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, workers)), \
+            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, addresses)), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host,
                                   persist=persist)
@@ -511,11 +516,11 @@ _slow_links_reported: set[str] = set()
 
 
 def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
-                         workers: list[str] | None) -> None:
+                         addresses: list[str] | None) -> None:
     """Once a cluster: the WARNING of :func:`_plan.slow_gpu_link`, if it has one."""
     if client is None or client.scheduler.address in _slow_links_reported:
         return
-    text = _plan.slow_gpu_link(stack, plan, workers)
+    text = _plan.slow_gpu_link(stack, plan, addresses)
     if text:
         _slow_links_reported.add(client.scheduler.address)
         log.warning(text)
