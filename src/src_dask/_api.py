@@ -35,7 +35,7 @@ from . import (
 )
 from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
-from ._runstore import Progress, RunStore
+from ._runstore import OpenRun, Progress
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
 from ._ucx import ucx_waits_for_default_stream
@@ -368,7 +368,7 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
     for i, f in enumerate(stack.factors):
         dirs.update(_paths.train_dirs(f.train, f"input {f.train.name or i}"))
     _paths.check_apart(path, dirs, f"store {path}")
-    run, resume, seed, chunk = RunStore.prepare(
+    run, resume, seed, chunk = OpenRun.prepare(
         path, stack, {**asked, "inputs": _fingerprint(stack)}, seed=asked["seed"],
         sketch=plan.sketch, chunk=plan.chunk, overwrite=overwrite)
     try:
@@ -387,7 +387,7 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
 
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
-         run: RunStore | None = None, resume: Progress | None = None,
+         run: OpenRun | None = None, resume: Progress | None = None,
          persist: bool = False) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
@@ -399,7 +399,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
             return _run_in_one_task(stack, plan, client, flops, persist)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
-    graph = _graph.build(stack, plan, addresses, run, resume)
+    graph = _graph.build(stack, plan, addresses, None if run is None else run.store, resume)
     _warn_of_a_slow_link(stack, plan, client, addresses)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
