@@ -39,7 +39,7 @@ from ._runstore import OpenRun, Progress
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
 from ._ucx import ucx_waits_for_default_stream
-from .trains import TensorTrain, as_train
+from .trains import RunInfo, TensorTrain, as_train
 
 log = logging.getLogger("src_dask")
 
@@ -120,19 +120,17 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
+    quimb_ids = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
     if store is None:
         seed = _random.draw_seed() if seed is None else seed  # drawn here: y.seed says it
         log.info("src: seed %d", seed)
-        y = _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                 facts, progress, performance_report, persist=persist)
-    else:
-        asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
-                 "dtype": stack.dtype.name, "seed": seed}
-        y, seed = _run_in_store(stack, plan, store, asked, overwrite, client, facts,
-                                progress, performance_report)
-    y.seed = seed
-    y._quimb = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
-    return y
+        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
+                    facts, progress, performance_report, persist=persist,
+                    info=RunInfo(seed=seed, quimb_ids=quimb_ids))
+    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
+             "dtype": stack.dtype.name, "seed": seed}
+    return _run_in_store(stack, plan, store, asked, overwrite, client, facts, progress,
+                         performance_report, quimb_ids)
 
 
 def _quimb_inputs(trains: tuple[Any, ...], stack: Stack) -> list[TensorTrain]:
@@ -359,11 +357,12 @@ def _disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
                   overwrite: bool, client: Any, facts: _plan.Workers,
-                  progress: bool | TextIO,
-                  performance_report: str | None) -> tuple[TensorTrain, int]:
+                  progress: bool | TextIO, performance_report: str | None,
+                  quimb_ids: dict[str, str] | None = None) -> TensorTrain:
     """A run into the store at ``path``: resumed, or returned when finished; the
     result is read from the store, with the seed the store's run uses. ``asked``: the
-    options as given (with the inputs, they identify the run)."""
+    options as given (with the inputs, they identify the run); ``quimb_ids``: the
+    quimb names the result keeps (:class:`~src_dask.trains.RunInfo`)."""
     dirs: dict[str, str] = {}
     for i, f in enumerate(stack.factors):
         dirs.update(_paths.train_dirs(f.train, f"input {f.train.name or i}"))
@@ -375,12 +374,12 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
         if run.is_complete():
             log.info("src: %s holds the finished run (seed %d); not recomputing", run.path,
                      seed)
-            return run.result(stack.kind), seed
+            return run.result(stack.kind, quimb_ids)
         log.info("src: seed %d", seed)
         plan = dataclasses.replace(plan, chunk=chunk, key=_random.seed_key(seed), to_host=True)
         _run(stack, plan, client, facts, progress, performance_report, run, resume)
         run.mark_complete()
-        return run.result(stack.kind), seed
+        return run.result(stack.kind, quimb_ids)
     finally:
         run.release()
 
@@ -388,15 +387,16 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
          run: OpenRun | None = None, resume: Progress | None = None,
-         persist: bool = False) -> TensorTrain | None:
+         persist: bool = False, info: RunInfo | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
-    ``persist``: the result's cores stay on the cluster (see :func:`src`)."""
+    ``persist``: the result's cores stay on the cluster (see :func:`src`); ``info``:
+    what the result says of its run (the discarded weights added here)."""
     persist = persist and client is not None and run is None
     if run is None and not progress and performance_report is None:
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
-            return _run_in_one_task(stack, plan, client, flops, persist)
+            return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
     graph = _graph.build(stack, plan, addresses, None if run is None else run.store, resume)
@@ -418,9 +418,8 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     if run is not None:
         run.write_discarded(weights)
         return None
-    y = TensorTrain(list(cores), stack.kind, name="result")
-    y.discarded = weights
-    return y
+    return TensorTrain(list(cores), stack.kind, name="result",
+                       run_info=dataclasses.replace(info or RunInfo(), discarded=weights))
 
 
 @contextlib.contextmanager
@@ -458,10 +457,11 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
 
 
 def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
-                     persist: bool = False) -> TensorTrain:
+                     persist: bool = False, info: RunInfo | None = None) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
     there by Dask's synchronous scheduler; the inputs travel once, in the task.
-    ``persist``: the cores stay on that worker (see :func:`src`)."""
+    ``persist``: the cores stay on that worker (see :func:`src`); ``info``: as
+    :func:`_run`'s."""
     graph = _graph.build(stack, plan)
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
@@ -480,9 +480,8 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     except BaseException:  # a failure or an interrupt: nothing left running
         future.cancel()
         raise
-    y = TensorTrain(list(cores), stack.kind, name="result")
-    y.discarded = rest[0] if rest else None
-    return y
+    return TensorTrain(list(cores), stack.kind, name="result", run_info=dataclasses.replace(
+        info or RunInfo(), discarded=rest[0] if rest else None))
 
 
 def _part(result: Any, j: int) -> Any:

@@ -42,7 +42,7 @@ from ._lock import StoreLock
 from ._runlayout import LAYOUT, RunLayout, env_dims, eta_dims, right_env_dims
 from ._stack import Stack
 from .errors import DamagedDataError, OverwriteNeededError, PathRefusedError, StoreError
-from .trains import TensorTrain
+from .trains import RunInfo, TensorTrain
 from .trains import _to_numpy as to_numpy
 
 log = logging.getLogger("src_dask")
@@ -396,19 +396,21 @@ class OpenRun:
         the result so that a finished store returns them too."""
         self._open_group("r+")[self.layout.result].attrs[self.layout.discarded] = weights
 
-    def result(self, kind: str) -> TensorTrain:
+    def result(self, kind: str, quimb_ids: dict[str, str] | None = None) -> TensorTrain:
         """The output train, as Dask arrays over the result's arrays: read through
-        checksums, and refused once another run has replaced this one."""
+        checksums, and refused once another run has replaced this one; with the run's
+        seed and discarded weights, and the quimb names ``quimb_ids``
+        (:class:`~src_dask.trains.RunInfo`)."""
         group, layout = self._open_group("r"), self.layout
         guard = _SameRun(self.path, self.run_id)
         verified = [_integrity.VerifiedArray(self._array(group, layout.result_site(j)),
                                              f"{self.path}: {layout.result_site(j)} (site {j})",
                                              guard)
                     for j in range(group.attrs["sites"])]
-        y = TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
-                        sources=verified)
-        y.discarded = group[layout.result].attrs.get(layout.discarded)
-        return y
+        info = RunInfo(seed=group.attrs["seed"], quimb_ids=quimb_ids,
+                       discarded=group[layout.result].attrs.get(layout.discarded))
+        return TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
+                           sources=verified, run_info=info)
 
 
 def _refusal(path: str, attrs: dict, problem: str | None, wanted: dict,
