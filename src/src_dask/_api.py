@@ -252,10 +252,11 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
 def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
                 device: str, workers: _plan.Workers, slots: int, to_host: bool = True,
                 store: bool = False) -> _plan.Plan:
-    """The plan for ``workers`` (what the smallest has: :func:`_cluster.worker_facts`,
-    or described by hand, as ``benchmarks/plan_reference.py`` does for a machine one
-    does not have); ``slots``: blocks of sketch columns that run at once. On a GPU
-    the tasks get what the run's data leave of the device (``_plan.device_task_bytes``)."""
+    """The plan for ``workers``, the facts of what the smallest worker has
+    (:class:`_plan.Workers`, from :func:`_cluster.worker_facts`, or described by
+    hand, as ``benchmarks/plan_reference.py`` does for a machine one does not
+    have); ``slots``: blocks of sketch columns that run at once. On a GPU the tasks
+    get what the run's data leave of the device (``_plan.device_task_bytes``)."""
     sketch = _plan.sketch_width(stack, chi_out, extra)
     keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 

@@ -47,6 +47,7 @@ from .trains import _to_numpy as to_numpy
 
 log = logging.getLogger("src_dask")
 
+#: What a run store's ``format`` attribute says (``storage`` tells stores apart by it).
 FORMAT = LAYOUT.format
 
 
