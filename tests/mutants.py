@@ -103,7 +103,7 @@ MUTANTS = (
            "    return None",
            ("tests/test_plan.py", "-k", "fewer_sites")),
     Mutant("disk: environments host memory cannot keep stay in it", "_api.py",
-           "    if not plan.host_envs or workers.keep is None:",
+           "    if not plan.host_envs or facts.keep is None:",
            "    if True:",
            ("tests/test_plan.py", "-k", "go_to_disk")),
     Mutant("disk: an environment file cut short is read anyway", "_transfer.py",

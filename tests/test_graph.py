@@ -723,8 +723,7 @@ def test_environments_in_host_memory_and_sketches_by_row_block_give_the_same_cor
     monkeypatch.setattr(_graph.tasks, "to_device",
                         lambda x, after=None: copies["back"].append(x.shape) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
-        lambda cls, device, workers: cls(home=False, together=True, spread=False,
-                                         pieces_at_env=False)))
+        lambda cls, device, n_workers: cls.ONE_GPU))
     host = dataclasses.replace(plan, host_envs=4)
     graph = _graph.build(stack, host)
     dsk = dict(graph.dask)
@@ -759,8 +758,7 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     ref = _graph.build(stack, plan).compute(scheduler="sync")
     if gpu_layout:
         monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
-            lambda cls, device, workers: cls(home=False, together=True, spread=False,
-                                             pieces_at_env=False)))
+            lambda cls, device, n_workers: cls.ONE_GPU))
     again = dataclasses.replace(plan, reproject=True)
     sweep = _plan.SweepPlan.decide(stack, again, None)
     assert any(sweep.cut_env) is (task_bytes == 10_000)
@@ -812,8 +810,7 @@ def _disk_layout(monkeypatch, tmp_path):
     monkeypatch.setattr(_graph.tasks, "to_host",
                         lambda x: copies.__setitem__("host", copies["host"] + 1) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
-        lambda cls, device, workers: cls(home=False, together=True, spread=False,
-                                         pieces_at_env=False)))
+        lambda cls, device, n_workers: cls.ONE_GPU))
     monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
     return copies
 

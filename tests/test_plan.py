@@ -41,17 +41,17 @@ def test_pass2_strategy(device, workers, groups, split, want):
     assert (p.home, p.together, p.spread, p.pieces_at_env, p.split) == want
 
 
-@pytest.mark.parametrize("together, spread, z_here, z_left, want", [
+@pytest.mark.parametrize("mode, z_here, z_left, want", [
     # (fused, chain, whole)
-    (True, False, 1, 1, (True, False, True)),  # one task per site, Z handed on
-    (True, False, 1, 3, (True, False, False)),  # next Z too large: made in row blocks
-    (True, False, 4, 1, (False, False, True)),  # this Z in blocks: pieces as tasks
-    (False, True, 4, 1, (False, True, False)),  # blocks over CPU workers: a chain of updates
-    (False, True, 1, 1, (False, False, True)),
-    (False, False, 1, 1, (False, False, True)),  # local threads: pieces as tasks
+    ("ONE_WORKER", 1, 1, (True, False, True)),  # one task per site, Z handed on
+    ("ONE_WORKER", 1, 3, (True, False, False)),  # next Z too large: made in row blocks
+    ("ONE_WORKER", 4, 1, (False, False, True)),  # this Z in blocks: pieces as tasks
+    ("SPREAD", 4, 1, (False, True, False)),  # blocks over CPU workers: a chain of updates
+    ("SPREAD", 1, 1, (False, False, True)),
+    ("LOCAL", 1, 1, (False, False, True)),  # local threads: pieces as tasks
 ])
-def test_site_step(together, spread, z_here, z_left, want):
-    p = _plan.Pass2(home=False, together=together, spread=spread, pieces_at_env=True)
+def test_site_step(mode, z_here, z_left, want):
+    p = _plan.Pass2[mode]
     s = p.step(z_here, z_left)
     assert (s.fused, s.chain, s.whole) == want
 

@@ -220,3 +220,21 @@ def test_distance_pays_for_the_products_norm_once(tmp_path):
     lazy = src_dask.TensorTrain([da.from_array(c) for c in a], "mpo")
     assert [counted(y1, lazy, x)[1] for _ in range(2)] == [3, 3]
     assert counted(y1, lazy, x)[0] == pytest.approx(d1, rel=1e-10)
+
+
+def test_a_result_is_made_with_its_run_info(tmp_path):
+    """A result carries what its run says in one :class:`~src_dask.trains.RunInfo`,
+    given when it is made (in memory or read from a run store), read as ``seed`` and
+    ``discarded``; arithmetic keeps it, a train made from the cores alone has none."""
+    from src_dask.trains import RunInfo
+
+    a, x = random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)
+    y = src_dask.apply(a, x, chi_out=4, oversample=2, seed=5)
+    assert y.run_info == RunInfo(seed=5, discarded=tuple(y.discarded))
+    assert y.seed == 5 and isinstance(y.discarded, list) and len(y.discarded) == 5
+    assert (2 * y).run_info == y.run_info and (2 * y).discarded == y.discarded
+    plain = src_dask.apply(a, x, chi_out=4, seed=5)
+    assert plain.seed == 5 and plain.discarded is None
+    stored = src_dask.apply(a, x, chi_out=4, oversample=2, seed=5, store=tmp_path / "run")
+    assert stored.run_info == y.run_info
+    assert TensorTrain(list(y)).run_info is None and TensorTrain(list(y)).seed is None

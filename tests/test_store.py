@@ -527,3 +527,37 @@ def test_check_writable_refuses_a_path_over_what_is_read_or_too_large(tmp_path, 
     monkeypatch.setattr(_paths.shutil, "disk_usage", lambda p: usage._replace(free=1000))
     with pytest.raises(OSError, match=r"y: the train needs 1000000 bytes but only 1000"):
         storage.check_writable(tmp_path / "y", nbytes=10**6)
+
+
+def test_the_store_in_tasks_pickles_without_the_lock_and_writes_through(tmp_path):
+    """The tasks carry the run's :class:`~src_dask._runstore.RunStore` (path, run id,
+    layout), never the client's :class:`~src_dask._runstore.OpenRun` and its lock: the
+    whole graph pickles without them, and run from its pickled copy (as workers get
+    it) it writes the same cores as a run in memory."""
+    import cloudpickle
+    from dask.local import get_sync
+
+    from src_dask import _plan, _random
+    from src_dask._lock import StoreLock
+    from src_dask._stack import make_stack
+
+    stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
+    plan = _plan.Plan(sketch=6, chunk=3, chi_out=6, cutoff=0.0, key=_random.seed_key(3),
+                      round=False)
+    run, progress, seed, chunk = _runstore.OpenRun.prepare(
+        str(tmp_path / "run"), stack, {"test": 1}, seed=3, sketch=6, chunk=3, overwrite=False)
+    try:
+        assert (seed, chunk) == (3, 3) and isinstance(run._lock, StoreLock)
+        shipped = cloudpickle.loads(cloudpickle.dumps(run.store))
+        assert shipped == run.store
+        assert not any(isinstance(v, (StoreLock, _runstore.OpenRun))
+                       for v in vars(shipped).values())
+        graph = _graph.build(stack, plan, None, run.store, progress)
+        blob = cloudpickle.dumps(dict(graph.__dask_graph__()))
+        assert b"StoreLock" not in blob and b"OpenRun" not in blob
+        get_sync(cloudpickle.loads(blob), [graph.key])
+        run.write_discarded(None)
+        run.mark_complete()
+        _close(run.result(stack.kind), _graph.build(stack, plan).compute(scheduler="sync"))
+    finally:
+        run.release()

@@ -35,11 +35,11 @@ from . import (
 )
 from ._cluster import choose_device, worker_facts
 from ._estimate import RunPlan
-from ._runstore import Progress, RunStore
+from ._runstore import OpenRun, Progress
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
 from ._ucx import ucx_waits_for_default_stream
-from .trains import TensorTrain, as_train
+from .trains import RunInfo, TensorTrain, as_train
 
 log = logging.getLogger("src_dask")
 
@@ -120,19 +120,17 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
     progress = _progress.check_progress(progress)
     performance_report = _progress.check_report(performance_report, client)
+    quimb_ids = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
     if store is None:
         seed = _random.draw_seed() if seed is None else seed  # drawn here: y.seed says it
         log.info("src: seed %d", seed)
-        y = _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
-                 facts, progress, performance_report, persist=persist)
-    else:
-        asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
-                 "dtype": stack.dtype.name, "seed": seed}
-        y, seed = _run_in_store(stack, plan, store, asked, overwrite, client, facts,
-                                progress, performance_report)
-    y.seed = seed
-    y._quimb = next((t._quimb for t in _quimb_inputs(trains, stack)), None)
-    return y
+        return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
+                    facts, progress, performance_report, persist=persist,
+                    info=RunInfo(seed=seed, quimb_ids=quimb_ids))
+    asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
+             "dtype": stack.dtype.name, "seed": seed}
+    return _run_in_store(stack, plan, store, asked, overwrite, client, facts, progress,
+                         performance_report, quimb_ids)
 
 
 def _quimb_inputs(trains: tuple[Any, ...], stack: Stack) -> list[TensorTrain]:
@@ -165,8 +163,8 @@ def plan(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 
     _progress.check_report(performance_report, client)
     if store is not None:
         _paths.check_space(store, _runstore.planned_bytes(stack, p.sketch), "the run store")
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    graph = _graph.build(stack, p, workers)
+    addresses = _addresses(client)
+    graph = _graph.build(stack, p, addresses)
     return _estimate_of(stack, p, client, facts, store is not None, _graph.task_count(graph))
 
 
@@ -196,8 +194,8 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
     keep all their data in memory (no limit) spill nothing: not asked."""
     if facts.disk_free is None or facts.keep is None:
         return
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    addresses = _addresses(client)
+    sweep = _plan.SweepPlan.decide(stack, plan, addresses)
     need = _estimate.estimate(stack, sweep, facts, store=store, tasks=0, store_bytes=0,
                               product="").to_disk * facts.disk_sharing
     if need > facts.disk_free:
@@ -206,6 +204,11 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
                       f"{b(need)} of environments to disk there (beyond their memory), but "
                       f"only {b(facts.disk_free)} are free; give them more memory, a "
                       "local_directory on a larger disk, or a run store (store=) on one")
+
+
+def _addresses(client: Any) -> list[str] | None:
+    """The addresses of ``client``'s workers, in order (None without a client)."""
+    return None if client is None else sorted(client.scheduler_info()["workers"])
 
 
 class _Call(NamedTuple):
@@ -217,14 +220,14 @@ class _Call(NamedTuple):
     store: str | None
     seed: int | None
     oversample: int
-    workers: _plan.Workers  # what the workers have, asked once a call
+    facts: _plan.Workers  # what the workers have, asked once a call
 
 
 def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
                  store: bool, tasks: int) -> RunPlan:
     """The :class:`RunPlan` of a run of ``tasks`` tasks."""
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    sweep = _plan.SweepPlan.decide(stack, plan, workers)
+    addresses = _addresses(client)
+    sweep = _plan.SweepPlan.decide(stack, plan, addresses)
     return _estimate.estimate(
         stack, sweep, facts, store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
@@ -249,10 +252,11 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
 def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
                 device: str, workers: _plan.Workers, slots: int, to_host: bool = True,
                 store: bool = False) -> _plan.Plan:
-    """The plan for ``workers`` (what the smallest has: :func:`_cluster.worker_facts`,
-    or described by hand, as ``benchmarks/plan_reference.py`` does for a machine one
-    does not have); ``slots``: blocks of sketch columns that run at once. On a GPU
-    the tasks get what the run's data leave of the device (``_plan.device_task_bytes``)."""
+    """The plan for ``workers``, the facts of what the smallest worker has
+    (:class:`_plan.Workers`, from :func:`_cluster.worker_facts`, or described by
+    hand, as ``benchmarks/plan_reference.py`` does for a machine one does not
+    have); ``slots``: blocks of sketch columns that run at once. On a GPU the tasks
+    get what the run's data leave of the device (``_plan.device_task_bytes``)."""
     sketch = _plan.sketch_width(stack, chi_out, extra)
     keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
 
@@ -308,28 +312,28 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
     return plan
 
 
-def _reproject(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int,
+def _reproject(stack: Stack, plan: _plan.Plan, facts: _plan.Workers, ahead: int,
                store: bool) -> bool:
     """Whether a GPU run projects each ``Z_j`` twice instead of keeping it
     (``Plan.reproject``): where the device would not keep ``Z_j`` beside the rest of the
     run's data even with every environment in host memory (or in the store), so
     dask-cuda would spill it to host memory and read it back at every site. Not for
     pass 2 split over several GPUs (each holds its share of ``Z``)."""
-    if _plan.Pass2.of_run(plan.device, workers.count).split:
+    if _plan.Pass2.of_run(plan.device, facts.count).split:
         return False
-    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    keep = facts.device_limit or _estimate.usable_device(facts) or 0
     least = dataclasses.replace(plan, host_envs=0 if store else stack.n - 1)
-    return max(_estimate.data_held(stack, least, workers.count, store)) + ahead > keep
+    return max(_estimate.data_held(stack, least, facts.count, store)) + ahead > keep
 
 
-def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: int) -> int:
+def _host_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers, ahead: int) -> int:
     """How many of the first sites' environments a GPU run keeps in host memory: those
     the device would not keep beside the rest of the run's data (what dask-cuda keeps
     before spilling, or the usable device)."""
-    keep = workers.device_limit or _estimate.usable_device(workers) or 0
+    keep = facts.device_limit or _estimate.usable_device(facts) or 0
     everything = dataclasses.replace(plan, host_envs=stack.n - 1)
-    other = max(_estimate.data_held(stack, everything, workers.count, False)) + ahead
-    return _plan.host_envs(_estimate.environments(stack, plan, workers.count), keep - other)
+    other = max(_estimate.data_held(stack, everything, facts.count, False)) + ahead
+    return _plan.host_envs(_estimate.environments(stack, plan, facts.count), keep - other)
 
 
 #: Sites ahead of use a GPU worker reads inputs where environments go to its disk: the
@@ -337,72 +341,74 @@ def _host_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers, ahead: in
 _ENVS_FIRST = 2
 
 
-def _disk_envs(stack: Stack, plan: _plan.Plan, workers: _plan.Workers) -> int:
+def _disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
     """How many of the environments a GPU run sends to host memory go on to disk: those
     beyond what the worker keeps in host memory before Dask would spill them (on its
     event loop), less the pinned buffers of the inputs read ahead of use
     (``_plan.read_ahead``) and of the environments' own way to disk and back."""
-    if not plan.host_envs or workers.keep is None:
+    if not plan.host_envs or facts.keep is None:
         return 0
-    envs = _estimate.environments(stack, plan, workers.count)[:plan.host_envs + 1]
+    envs = _estimate.environments(stack, plan, facts.count)[:plan.host_envs + 1]
     staged = _estimate.staged_envs(stack, dataclasses.replace(plan, disk_envs=plan.host_envs),
-                                   workers.count)
-    budget = (workers.keep - staged
+                                   facts.count)
+    budget = (facts.keep - staged
               - _estimate.pinned_reads(stack, _plan.lookahead(stack, plan), plan.device))
     return _plan.host_envs(envs, budget)
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],
                   overwrite: bool, client: Any, facts: _plan.Workers,
-                  progress: bool | TextIO,
-                  performance_report: str | None) -> tuple[TensorTrain, int]:
+                  progress: bool | TextIO, performance_report: str | None,
+                  quimb_ids: dict[str, str] | None = None) -> TensorTrain:
     """A run into the store at ``path``: resumed, or returned when finished; the
     result is read from the store, with the seed the store's run uses. ``asked``: the
-    options as given (with the inputs, they identify the run)."""
+    options as given (with the inputs, they identify the run); ``quimb_ids``: the
+    quimb names the result keeps (:class:`~src_dask.trains.RunInfo`)."""
     dirs: dict[str, str] = {}
     for i, f in enumerate(stack.factors):
         dirs.update(_paths.train_dirs(f.train, f"input {f.train.name or i}"))
     _paths.check_apart(path, dirs, f"store {path}")
-    run, resume, seed, chunk = RunStore.prepare(
+    run, resume, seed, chunk = OpenRun.prepare(
         path, stack, {**asked, "inputs": _fingerprint(stack)}, seed=asked["seed"],
         sketch=plan.sketch, chunk=plan.chunk, overwrite=overwrite)
     try:
         if run.is_complete():
             log.info("src: %s holds the finished run (seed %d); not recomputing", run.path,
                      seed)
-            return run.result(stack.kind), seed
+            return run.result(stack.kind, quimb_ids)
         log.info("src: seed %d", seed)
         plan = dataclasses.replace(plan, chunk=chunk, key=_random.seed_key(seed), to_host=True)
         _run(stack, plan, client, facts, progress, performance_report, run, resume)
         run.mark_complete()
-        return run.result(stack.kind), seed
+        return run.result(stack.kind, quimb_ids)
     finally:
         run.release()
 
 
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
-         run: RunStore | None = None, resume: Progress | None = None,
-         persist: bool = False) -> TensorTrain | None:
+         run: OpenRun | None = None, resume: Progress | None = None,
+         persist: bool = False, info: RunInfo | None = None) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
-    ``persist``: the result's cores stay on the cluster (see :func:`src`)."""
+    ``persist``: the result's cores stay on the cluster (see :func:`src`); ``info``:
+    what the result says of its run (the discarded weights added here)."""
     persist = persist and client is not None and run is None
     if run is None and not progress and performance_report is None:
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
-            return _run_in_one_task(stack, plan, client, flops, persist)
+            return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
-    workers = None if client is None else sorted(client.scheduler_info()["workers"])
-    graph = _graph.build(stack, plan, workers, run, resume)
-    _warn_of_a_slow_link(stack, plan, client, workers)
+    addresses = _addresses(client)
+    graph = _graph.build(stack, plan, addresses, None if run is None else run.store, resume)
+    _warn_of_a_slow_link(stack, plan, client, addresses)
     if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
         log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                           _graph.task_count(graph)))
     # In-memory inputs travel inside the graph (not scattered: a lost worker
     # would lose them for good); the graph is as large as they are, by design.
     with in_graph(stack), _files_removed(graph, plan, client), \
-            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, workers)), \
+            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, addresses)), \
             _progress.watch(graph, client, progress, performance_report, summary):
         cores, weights = _compute(graph, client, launch_only=not plan.to_host,
                                   persist=persist)
@@ -413,9 +419,8 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
     if run is not None:
         run.write_discarded(weights)
         return None
-    y = TensorTrain(list(cores), stack.kind, name="result")
-    y.discarded = weights
-    return y
+    return TensorTrain(list(cores), stack.kind, name="result",
+                       run_info=dataclasses.replace(info or RunInfo(), discarded=weights))
 
 
 @contextlib.contextmanager
@@ -453,10 +458,11 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
 
 
 def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
-                     persist: bool = False) -> TensorTrain:
+                     persist: bool = False, info: RunInfo | None = None) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
     there by Dask's synchronous scheduler; the inputs travel once, in the task.
-    ``persist``: the cores stay on that worker (see :func:`src`)."""
+    ``persist``: the cores stay on that worker (see :func:`src`); ``info``: as
+    :func:`_run`'s."""
     graph = _graph.build(stack, plan)
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
@@ -475,9 +481,8 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     except BaseException:  # a failure or an interrupt: nothing left running
         future.cancel()
         raise
-    y = TensorTrain(list(cores), stack.kind, name="result")
-    y.discarded = rest[0] if rest else None
-    return y
+    return TensorTrain(list(cores), stack.kind, name="result", run_info=dataclasses.replace(
+        info or RunInfo(), discarded=rest[0] if rest else None))
 
 
 def _part(result: Any, j: int) -> Any:
@@ -511,11 +516,11 @@ _slow_links_reported: set[str] = set()
 
 
 def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
-                         workers: list[str] | None) -> None:
+                         addresses: list[str] | None) -> None:
     """Once a cluster: the WARNING of :func:`_plan.slow_gpu_link`, if it has one."""
     if client is None or client.scheduler.address in _slow_links_reported:
         return
-    text = _plan.slow_gpu_link(stack, plan, workers)
+    text = _plan.slow_gpu_link(stack, plan, addresses)
     if text:
         _slow_links_reported.add(client.scheduler.address)
         log.warning(text)

@@ -114,9 +114,9 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
+def estimate(stack: Stack, sweep: SweepPlan, facts: Workers, *, store: bool,
              tasks: int, store_bytes: int, product: str, where: str = "") -> RunPlan:
-    """The :class:`RunPlan` of ``sweep`` on ``workers`` (``store``: with a run store;
+    """The :class:`RunPlan` of ``sweep`` on ``facts``' workers (``store``: with a run store;
     ``tasks``: the graph's task count).
 
     What a worker holds, over the sweep: at the end of pass 1 the environments of
@@ -129,57 +129,57 @@ def estimate(stack: Stack, sweep: SweepPlan, workers: Workers, *, store: bool,
     plan = sweep.plan
     item = stack.dtype.itemsize
     inputs = sum(math.prod(s) * item for j in range(stack.n) for s in stack.shapes(j))
-    mine = _share(plan, workers.count)
+    mine = _share(plan, facts.count)
     ahead = inputs_in_flight(stack, sweep.lookahead)
-    pass1 = (min(workers.threads, math.ceil(mine * len(plan.blocks)))
+    pass1 = (min(facts.threads, math.ceil(mine * len(plan.blocks)))
              * pass1_task(stack, plan.chunk, plan.device))
     # a site that is one task runs alone; a site cut in row blocks runs them side by side
-    tasks_at = [pass1] + [_pass2_running(stack, sweep, j, workers.threads)
+    tasks_at = [pass1] + [_pass2_running(stack, sweep, j, facts.threads)
                           for j in range(stack.n - 1, -1, -1)]
     # inputs read ahead of their use are stored data too (dask-cuda spills them with
     # the rest beyond its device limit); environments the plan puts in host memory (a
     # GPU run's) are there besides
-    on_host = host_held(stack, plan, workers.count) if plan.host_envs else [0.0] * len(tasks_at)
+    on_host = host_held(stack, plan, facts.count) if plan.host_envs else [0.0] * len(tasks_at)
     held = [(data + ahead, running, put) for data, running, put in
-            zip(data_held(stack, plan, workers.count, store), tasks_at, on_host, strict=True)]
+            zip(data_held(stack, plan, facts.count, store), tasks_at, on_host, strict=True)]
     # pinned host memory: a GPU worker's reads of lazy inputs and environments' way to disk
     reads = pinned_reads(stack, sweep.lookahead, plan.device)
-    on_disk = disk_held(stack, plan, workers.count)
-    reads += staged_envs(stack, plan, workers.count)
-    device_keep = workers.device_limit if plan.device == "gpu" else None
-    usable = usable_device(workers) if plan.device == "gpu" else None
+    on_disk = disk_held(stack, plan, facts.count)
+    reads += staged_envs(stack, plan, facts.count)
+    device_keep = facts.device_limit if plan.device == "gpu" else None
+    usable = usable_device(facts) if plan.device == "gpu" else None
     peak_host = peak_device = spilled = to_disk = 0
     for (data, running, put), written in zip(held, on_disk, strict=True):
         here = data if device_keep is None else min(data, device_keep)
         if usable is not None:  # data a task needs room from is spilled (``_oom``)
             here = min(here, max(0, usable - running))
         host = data - here + put if plan.device == "gpu" else data
-        kept = host if workers.keep is None else min(host, workers.keep)
+        kept = host if facts.keep is None else min(host, facts.keep)
         spilled = max(spilled, data - here + host - kept if plan.device == "gpu" else host - kept)
         to_disk = max(to_disk, host - kept + written)
         if plan.device == "gpu":
             peak_device = max(peak_device, here + running)
-            peak_host = max(peak_host, workers.rss + kept + reads)
+            peak_host = max(peak_host, facts.rss + kept + reads)
         else:
-            peak_host = max(peak_host, workers.rss + kept + running)
+            peak_host = max(peak_host, facts.rss + kept + running)
     return RunPlan(
-        product=product, device=plan.device, workers=workers.count, threads=workers.threads,
+        product=product, device=plan.device, workers=facts.count, threads=facts.threads,
         chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
         z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
         flops=flops(stack, plan.sketch, plan.chi_out, plan.round, _projected_again(sweep)),
         tasks=tasks,
         peak_host=int(peak_host),
-        peak_device=pool_size(int(peak_device), workers) if plan.device == "gpu" else None,
+        peak_device=pool_size(int(peak_device), facts) if plan.device == "gpu" else None,
         peak_arrays=int(peak_device) if plan.device == "gpu" else None,
-        spilled=int(spilled), to_disk=int(to_disk), host_limit=workers.host_limit,
-        device_limit=workers.device_limit, device_memory=usable, where=where,
+        spilled=int(spilled), to_disk=int(to_disk), host_limit=facts.host_limit,
+        device_limit=facts.device_limit, device_memory=usable, where=where,
         host_envs=plan.host_envs, host_env_bytes=int(on_host[0]),
         disk_envs=plan.disk_envs, disk_env_bytes=int(on_disk[0]),
         reproject=any(step.reproject for step in sweep.steps if step))
 
 
-def pool_size(arrays: int, workers: Workers) -> int:
+def pool_size(arrays: int, facts: Workers) -> int:
     """The device memory a GPU worker takes when its arrays reach ``arrays`` bytes: that,
     or where they live in an RMM pool that starts at ``Workers.device_pool`` and may
     grow to ``Workers.device_memory``, the pool's size. RMM grows a pool by half of what
@@ -188,12 +188,12 @@ def pool_size(arrays: int, workers: Workers) -> int:
     those it holds): on the memory ladder of benchmarks/README.md the pool measured
     0.94-1.12x of this, where the arrays' peak alone was 0.75x of it (D_M=2000, 24 GB
     pool: arrays 16.0 GB of a 16 GB pool that grew to 20)."""
-    start, most = workers.device_pool, workers.device_memory
+    start, most = facts.device_pool, facts.device_memory
     if not start or not most or start >= most:
         return arrays
     if arrays + config.get("device-headroom") * most <= start:
         return start
-    usable = usable_device(workers) or most
+    usable = usable_device(facts) or most
     return int(max(arrays, min(usable, start + max(arrays - start, (most - start) / 2))))
 
 
@@ -204,17 +204,17 @@ def _projected_again(sweep: SweepPlan) -> dict[int, int]:
             for j, step in enumerate(sweep.steps) if step is not None and step.reproject}
 
 
-def usable_device(workers: Workers) -> int | None:
+def usable_device(facts: Workers) -> int | None:
     """The device memory a GPU worker's arrays may take: its GPU's, or what its RMM
     pool may grow to, less ``device-headroom``."""
-    if not workers.device_memory:
+    if not facts.device_memory:
         return None
-    return int((1 - config.get("device-headroom")) * workers.device_memory)
+    return int((1 - config.get("device-headroom")) * facts.device_memory)
 
 
-def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float]:
+def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool) -> list[float]:
     """Bytes of data (results Dask stores, and on a GPU keeps on the device up to its
-    limit) the busiest of ``workers`` holds over the sweep: at the end of pass 1,
+    limit) the busiest of ``n_workers`` holds over the sweep: at the end of pass 1,
     then at each site of pass 2 from right to left — the environments of its column
     blocks not yet used (with a store, one site's, read back; on a GPU, not those the
     plan puts in host memory, ``Plan.host_envs``, but the copies of the two sites
@@ -222,13 +222,13 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     rows where pass 2 is split over the workers; where it is projected again instead,
     ``Plan.reproject``, the environment ``S_j`` it is projected from), and lazy inputs
     the plan keeps for pass 2 (every GPU worker keeps its own copy)."""
-    env = environments(stack, plan, workers)
+    env = environments(stack, plan, n_workers)
     h = plan.host_envs
-    z_share = 1 / workers if Pass2.of_run(plan.device, workers).split else 1.0
+    z_share = 1 / n_workers if Pass2.of_run(plan.device, n_workers).split else 1.0
     kept = 0.0
     if plan.keep_inputs:
-        kept = (stack.input_bytes(lazy=True) * input_groups(plan.device, workers)
-                / max(1, workers))
+        kept = (stack.input_bytes(lazy=True) * input_groups(plan.device, n_workers)
+                / max(1, n_workers))
     held = [(max(env) if store else sum(env[h + 1:])) + kept]
     for j in range(stack.n - 1, -1, -1):
         if store:
@@ -240,18 +240,18 @@ def data_held(stack: Stack, plan: Plan, workers: int, store: bool) -> list[float
     return held
 
 
-def host_held(stack: Stack, plan: Plan, workers: int) -> list[float]:
+def host_held(stack: Stack, plan: Plan, n_workers: int) -> list[float]:
     """Bytes of the environments the busiest worker holds in host memory because the
     plan puts them there (``Plan.host_envs``, but not those it writes to disk,
     ``Plan.disk_envs``), at the same points as :func:`data_held`: all of them at the
     end of pass 1, then those not yet used."""
-    return _held(environments(stack, plan, workers), stack.n, plan.disk_envs, plan.host_envs)
+    return _held(environments(stack, plan, n_workers), stack.n, plan.disk_envs, plan.host_envs)
 
 
-def disk_held(stack: Stack, plan: Plan, workers: int) -> list[float]:
+def disk_held(stack: Stack, plan: Plan, n_workers: int) -> list[float]:
     """Bytes of the environments the busiest worker has written to disk
     (``Plan.disk_envs``), at the same points as :func:`data_held`."""
-    return _held(environments(stack, plan, workers), stack.n, 0, plan.disk_envs)
+    return _held(environments(stack, plan, n_workers), stack.n, 0, plan.disk_envs)
 
 
 def _held(env: list[float], n: int, after: int, upto: int) -> list[float]:
@@ -261,26 +261,26 @@ def _held(env: list[float], n: int, after: int, upto: int) -> list[float]:
                                             for j in range(n - 1, -1, -1)]
 
 
-def staged_envs(stack: Stack, plan: Plan, workers: int) -> float:
+def staged_envs(stack: Stack, plan: Plan, n_workers: int) -> float:
     """Host bytes of the pinned buffers environments pass through on their way to disk
     and back (``Plan.disk_envs``): a block of ``C_j`` per task running at once, twice
     (CuPy's pinned pool keeps what the writes of pass 1 leave for the reads of pass 2)."""
     if not plan.disk_envs:
         return 0.0
-    share = _share(plan, workers) * plan.sketch / plan.chunk  # blocks the worker holds
-    block = max(environments(stack, plan, workers)[1:plan.disk_envs + 1]) / max(1.0, share)
+    share = _share(plan, n_workers) * plan.sketch / plan.chunk  # blocks the worker holds
+    block = max(environments(stack, plan, n_workers)[1:plan.disk_envs + 1]) / max(1.0, share)
     return 2.0 * plan.threads * block
 
 
-def environments(stack: Stack, plan: Plan, workers: int) -> list[float]:
-    """Bytes of each site's sketched environment ``C_j`` the busiest of ``workers``
+def environments(stack: Stack, plan: Plan, n_workers: int) -> list[float]:
+    """Bytes of each site's sketched environment ``C_j`` the busiest of ``n_workers``
     holds (its column blocks; none at site 0)."""
-    return _environments(stack, plan, _share(plan, workers))
+    return _environments(stack, plan, _share(plan, n_workers))
 
 
-def _share(plan: Plan, workers: int) -> float:
+def _share(plan: Plan, n_workers: int) -> float:
     """The busiest worker's share of the sketch columns (blocks are pinned round robin)."""
-    return min(1.0, math.ceil(len(plan.blocks) / max(1, workers)) * plan.chunk / plan.sketch)
+    return min(1.0, math.ceil(len(plan.blocks) / max(1, n_workers)) * plan.chunk / plan.sketch)
 
 
 def _environments(stack: Stack, plan: Plan, share: float) -> list[float]:

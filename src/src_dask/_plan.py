@@ -10,6 +10,7 @@ small, pure and unit-tested.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from dataclasses import dataclass, field
@@ -76,52 +77,89 @@ class SiteStep:
     reproject: bool = False  # Z not kept: its sketch and its update each project it
 
 
-@dataclass(frozen=True)
-class Pass2:
-    """Where pass 2 runs, for the whole sweep.
+class Pass2(enum.Enum):
+    """Where pass 2 runs, for the whole sweep: one of six exclusive modes, decided
+    from the device, the workers and config ``pass2-split`` (:meth:`decide`). The
+    properties below are the decisions each mode implies at every site.
 
-    ``split``: several workers share every site of pass 2 by rows of ``Z``
+    ``LOCAL``: Dask's local scheduler on a CPU. The sketch pieces stay separate
+    tasks, which its threads run side by side, each where its block of ``C_j`` is.
+    ``ONE_WORKER``: one CPU cluster worker; ``ONE_GPU``: one GPU (with or without a
+    cluster). Pass 2 runs in one place, so a site whose ``Z`` is whole is one task:
+    on a distributed cluster each dependent task costs a scheduler round trip, more
+    than a small site's GEMMs.
+    ``HOME``: several GPUs without the split: all of pass 2 on the first worker,
+    which fetches the others' blocks of ``C_j`` ahead of use.
+    ``SPREAD``: several CPU workers share ``Z``'s row blocks, summing ``S_{j-1}``
+    along them.
+    ``SPLIT``: several workers share every site of pass 2 by rows of ``Z``
     (docs/design.md §8): each projects its rows, sketches them against the whole
     ``C_j`` (the blocks it did not make in pass 1 are copied to it ahead of use),
     the sketch pieces meet in one QR, and each worker forms its share of
     ``S_{j-1}``, sent by rows to the worker that projects them next. The default
     on several GPU workers (config ``pass2-split``: ``auto``).
-    ``home``: several GPUs without the split — all of pass 2 on the first
-    worker, which fetches the others' blocks of ``C_j`` ahead of use.
-    ``together``: pass 2 runs in one place (a GPU or a single worker), so a site
-    whose ``Z`` is whole is one task: on a distributed cluster each dependent
-    task costs a scheduler round trip, more than a small site's GEMMs; Dask's
-    local schedulers on a CPU keep the pieces as tasks, which its threads run
-    side by side. ``spread``: CPU workers share ``Z``'s row blocks, summing
-    ``S_{j-1}`` along them. ``pieces_at_env``: a CPU multiplies a block where
-    the block of ``C_j`` lives; a GPU multiplies so fast that moving data
-    dominates, so ``C_j`` goes to ``Z`` (smaller by the physical legs).
     """
 
-    home: bool
-    together: bool
-    spread: bool
-    pieces_at_env: bool
-    split: bool = False
+    LOCAL = "local"
+    ONE_WORKER = "one worker"
+    ONE_GPU = "one gpu"
+    HOME = "home"
+    SPREAD = "spread"
+    SPLIT = "split"
+
+    @property
+    def home(self) -> bool:
+        """All of pass 2 is pinned to the first worker (several GPUs, no split)."""
+        return self is Pass2.HOME
+
+    @property
+    def together(self) -> bool:
+        """Pass 2 runs in one place on a cluster or a GPU: a site whose ``Z`` is whole
+        is one task, and a chain through ``Z``'s row blocks is one task too."""
+        return self in (Pass2.ONE_WORKER, Pass2.ONE_GPU, Pass2.HOME)
+
+    @property
+    def spread(self) -> bool:
+        """``Z``'s row blocks stay on the CPU workers that made them, ``S_{j-1}`` summed
+        along them (a chain of updates)."""
+        return self is Pass2.SPREAD
+
+    @property
+    def pieces_at_env(self) -> bool:
+        """A sketch piece is one task per pair of blocks, where the block of ``C_j``
+        lives (a CPU); else one task per row block of ``Z`` against all of ``C_j``
+        (a GPU multiplies so fast that moving data dominates, so ``C_j`` goes to
+        ``Z``, smaller by the physical legs)."""
+        return self in (Pass2.LOCAL, Pass2.ONE_WORKER, Pass2.SPREAD)
+
+    @property
+    def split(self) -> bool:
+        """Several workers share every site by rows of ``Z`` (see the class)."""
+        return self is Pass2.SPLIT
 
     @classmethod
-    def decide(cls, device: str, workers: int, groups: int, split: Any = "auto") -> Pass2:
-        """For a run on ``device`` with ``workers`` workers, ``groups`` of which
-        prepare their own inputs (:func:`input_groups`); ``split`` (config
-        ``pass2-split``): ``True``, ``False`` or ``"auto"`` (on several GPUs)."""
+    def decide(cls, device: str, n_workers: int, groups: int, split: Any = "auto") -> Pass2:
+        """For a run on ``device`` with ``n_workers`` workers, ``groups`` of which
+        prepare their own inputs (:func:`input_groups`: several on several GPUs);
+        ``split`` (config ``pass2-split``): ``True``, ``False`` or ``"auto"`` (on
+        several GPUs). Workers with their own inputs and no split: ``HOME``."""
         gpu = device == "gpu"
-        if workers > 1 and (split is True or (split == "auto" and gpu)):
-            return cls(home=False, together=False, spread=False, pieces_at_env=False,
-                       split=True)
-        return cls(home=groups > 1, together=gpu or workers == 1,
-                   spread=not gpu and workers > 1, pieces_at_env=not gpu)
+        if n_workers > 1 and (split is True or (split == "auto" and gpu)):
+            return cls.SPLIT
+        if groups > 1:
+            return cls.HOME
+        if gpu:
+            return cls.ONE_GPU
+        if n_workers > 1:
+            return cls.SPREAD
+        return cls.ONE_WORKER if n_workers == 1 else cls.LOCAL
 
     @classmethod
-    def of_run(cls, device: str, workers: int) -> Pass2:
-        """Where pass 2 runs for a run on ``device`` with ``workers`` workers, as the
+    def of_run(cls, device: str, n_workers: int) -> Pass2:
+        """Where pass 2 runs for a run on ``device`` with ``n_workers`` workers, as the
         config (``pass2-split``) and the inputs' groups (:func:`input_groups`) say."""
         split = config.get_choice("pass2-split", ("auto", True, False))
-        return cls.decide(device, workers, input_groups(device, workers), split)
+        return cls.decide(device, n_workers, input_groups(device, n_workers), split)
 
     def step(self, z_here: int, z_left: int, fits: bool = True,
              bounded: bool = False, cut_env: bool = False,
@@ -147,7 +185,7 @@ class SweepPlan:
     set of workers (see :meth:`decide`)."""
 
     plan: Plan
-    workers: tuple[str, ...]
+    addresses: tuple[str, ...]  # the cluster's workers (none: Dask's local scheduler)
     groups: int  # workers that prepare their own copy of the inputs
     copy_inputs: bool  # each site read by one of them, copied to the others (a fast link)
     own_streams: bool  # each task's kernels on a stream of its own, waited for (own_streams)
@@ -162,13 +200,13 @@ class SweepPlan:
     steps: tuple[SiteStep | None, ...] = ()
 
     @classmethod
-    def decide(cls, stack: Stack, plan: Plan, workers: list[str] | None) -> SweepPlan:
-        workers = tuple(workers or ())
-        groups = input_groups(plan.device, len(workers))
-        pass2 = Pass2.of_run(plan.device, len(workers))
+    def decide(cls, stack: Stack, plan: Plan, addresses: list[str] | None) -> SweepPlan:
+        addresses = tuple(addresses or ())
+        groups = input_groups(plan.device, len(addresses))
+        pass2 = Pass2.of_run(plan.device, len(addresses))
         blocks = [z_blocks(stack, plan, j) for j in range(stack.n)]
         if pass2.split:  # at least one row block of Z per worker
-            blocks = [max(b, min(z_rows(stack, plan, j), len(workers)))
+            blocks = [max(b, min(z_rows(stack, plan, j), len(addresses)))
                       for j, b in enumerate(blocks)]
         # split pass 2 cuts S_{j-1} by its workers' rows already
         env = [1 if pass2.split else env_blocks(stack, plan, j) for j in range(stack.n)]
@@ -182,9 +220,9 @@ class SweepPlan:
                                            reproject=not pass2.split
                                            and reprojects(stack, plan, j))
                                 for j in range(1, stack.n))
-        return cls(plan=plan, workers=workers, groups=groups,
-                   copy_inputs=copy_inputs(plan.device, workers),
-                   own_streams=own_streams(plan.device, workers),
+        return cls(plan=plan, addresses=addresses, groups=groups,
+                   copy_inputs=copy_inputs(plan.device, addresses),
+                   own_streams=own_streams(plan.device, addresses),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
                    fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
 
@@ -246,7 +284,9 @@ def keep_inputs(lazy_bytes: int, memory: int | None) -> bool:
 @dataclass(frozen=True)
 class Workers:
     """What the smallest (or busiest) worker of a run has now
-    (:func:`src_dask._cluster.worker_facts`): every budget below follows from it."""
+    (:func:`src_dask._cluster.worker_facts`): every budget below follows from it.
+    Private modules call such an object ``facts``; ``n_workers`` is a count of
+    workers, ``addresses`` their addresses, ``w`` the index of one of them."""
 
     count: int  # workers (1: Dask's local scheduler in this process)
     threads: int  # tasks one worker runs at once
@@ -272,7 +312,7 @@ class Workers:
 # is also bounded by what it keeps: dask-cuda spills stored data only beyond its
 # device limit, so the tasks get what the run's data leave of the device
 # (:func:`device_task_bytes`).
-def task_bytes(workers: Workers, device: str) -> int | None:
+def task_bytes(facts: Workers, device: str) -> int | None:
     """The memory one task may use (None: not known, so not bounded):
     ``memory-fraction`` of what the smallest worker has free — on a GPU its memory;
     else its memory limit less what its process holds (the interpreter and libraries
@@ -284,18 +324,18 @@ def task_bytes(workers: Workers, device: str) -> int | None:
     if given not in (None, "auto"):
         free = int(dask.utils.parse_bytes(given)) if isinstance(given, str) else int(given)
     elif device == "gpu":
-        free = workers.device_memory
-    elif workers.host_limit:
-        free = workers.host_limit if workers.in_client else workers.host_limit - workers.rss
-        room = None if workers.in_client else workers.room
+        free = facts.device_memory
+    elif facts.host_limit:
+        free = facts.host_limit if facts.in_client else facts.host_limit - facts.rss
+        room = None if facts.in_client else facts.room
     else:
-        free = workers.available
+        free = facts.available
     if free is None:
         return None
     share = config.get("memory-fraction") * max(0, free)
     if room is not None:
         share = min(share, room)
-    return int(share / max(1, workers.threads))
+    return int(share / max(1, facts.threads))
 
 
 def device_task_bytes(memory: int, keep: int | None, data: float, threads: int,
@@ -536,60 +576,60 @@ def is_ucx(protocol: str | None) -> bool:
     return protocol is not None and protocol.split("://")[0] in ("ucx", "ucxx")
 
 
-def input_groups(device: str, workers: int) -> int:
+def input_groups(device: str, n_workers: int) -> int:
     """How many workers prepare their own copy of the inputs: every GPU worker
     (moving a core between GPUs costs more than reading it again), one otherwise
     (each lazy core is read once per pass)."""
-    return workers if device == "gpu" and workers > 1 else 1
+    return n_workers if device == "gpu" and n_workers > 1 else 1
 
 
-def copy_inputs(device: str, workers: tuple[str, ...]) -> bool:
+def copy_inputs(device: str, addresses: tuple[str, ...]) -> bool:
     """Whether each site's cores are read by one GPU worker and copied to the others
     over the link, rather than read again by each (config ``copy-inputs``; ``auto``:
     where Dask's comm between the workers is UCX — CUDA IPC over NVLink, ~170 GB/s,
     docs/design.md §6.2 — a copy costs milliseconds and halves the reading; over TCP,
     ~1 GB/s, reading again is faster)."""
     want = config.get_choice("copy-inputs", ("auto", True, False))
-    if device != "gpu" or len(workers) < 2:
+    if device != "gpu" or len(addresses) < 2:
         return False
-    return _over_ucx(workers) if want == "auto" else want
+    return _over_ucx(addresses) if want == "auto" else want
 
 
-def _over_ucx(workers: tuple[str, ...]) -> bool:
-    """Whether Dask's comm between ``workers`` is UCX (their addresses say)."""
-    return bool(workers) and all(is_ucx(str(w)) for w in workers)
+def _over_ucx(addresses: tuple[str, ...]) -> bool:
+    """Whether Dask's comm between the workers at ``addresses`` is UCX."""
+    return bool(addresses) and all(is_ucx(str(w)) for w in addresses)
 
 
 def slow_gpu_link(stack: Stack, plan: Plan,
-                  workers: list[str] | tuple[str, ...] | None) -> str | None:
+                  addresses: list[str] | tuple[str, ...] | None) -> str | None:
     """A WARNING's text where several GPU workers talk over a slow link (not UCX: TCP
     or TLS, ~1 GB/s between GPUs against 100+ GB/s over UCX with an RMM pool): pass 2
     moves about one environment a site between them (docs/design.md §8), so they may
     run no faster than one GPU. None otherwise."""
-    workers = tuple(workers or ())
-    if plan.device != "gpu" or len(workers) < 2 or _over_ucx(workers):
+    addresses = tuple(addresses or ())
+    if plan.device != "gpu" or len(addresses) < 2 or _over_ucx(addresses):
         return None
     env = plan.sketch * stack.widest_cut * stack.dtype.itemsize
-    moved = (len(workers) - 1) * 2 * env // len(workers)
-    scheme = str(workers[0]).split("://")[0]
-    return (f"src: {len(workers)} GPU workers talk {scheme}, about 1 GB/s between GPUs: "
+    moved = (len(addresses) - 1) * 2 * env // len(addresses)
+    scheme = str(addresses[0]).split("://")[0]
+    return (f"src: {len(addresses)} GPU workers talk {scheme}, about 1 GB/s between GPUs: "
             f"pass 2 moves up to {dask.utils.format_bytes(moved)} a site to each, so they "
             "may run no faster than one GPU. Start them with protocol='ucx' and an RMM "
             "pool (src_dask.cluster() does, with the 'gpu' extra installed)")
 
 
-def stream_sync(device: str, workers: list[str] | tuple[str, ...] | None) -> bool:
+def stream_sync(device: str, addresses: list[str] | tuple[str, ...] | None) -> bool:
     """Whether the run has Dask's UCX comm wait for the default stream rather than the
     whole device (config ``ucx-sync``: ``stream``, the default, or ``device``): on
     several GPU workers talking UCX, where every task waits for its own kernels
     (:func:`own_streams`), so nothing Dask sends is still being computed
     (``_ucx`` says why it matters)."""
     want = config.get_choice("ucx-sync", ("stream", "device"))
-    workers = tuple(workers or ())
-    return want == "stream" and own_streams(device, workers) and _over_ucx(workers)
+    addresses = tuple(addresses or ())
+    return want == "stream" and own_streams(device, addresses) and _over_ucx(addresses)
 
 
-def own_streams(device: str, workers: tuple[str, ...]) -> bool:
+def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     """Whether each task runs its kernels on a non-blocking stream of its thread and
     waits for them before it ends: on several GPU workers. Dask's UCX comm waits
     before it sends GPU data and after it receives them, on the worker's event loop;
@@ -597,13 +637,13 @@ def own_streams(device: str, workers: tuple[str, ...]) -> bool:
     non-blocking streams are not waited for, and a task's result is complete when
     it ends, so nothing is sent half made. One GPU keeps tasks that only queue
     kernels (nothing is sent)."""
-    return device == "gpu" and len(workers) > 1
+    return device == "gpu" and len(addresses) > 1
 
 
-def row_owner(block: int, blocks: int, workers: int) -> int:
+def row_owner(block: int, blocks: int, n_workers: int) -> int:
     """The worker (index) that owns row block ``block`` of ``blocks`` in split pass 2:
     consecutive blocks per worker, so each owns one contiguous range of rows."""
-    return block * workers // blocks
+    return block * n_workers // blocks
 
 
 def lookahead(stack: Stack, plan: Plan) -> int:
@@ -617,17 +657,17 @@ def lookahead(stack: Stack, plan: Plan) -> int:
     return max(2, min(8, 2 * plan.z_block_bytes // max(1, site_bytes * stack.dtype.itemsize)))
 
 
-def read_ahead(stack: Stack, plan: Plan, workers: Workers) -> int | None:
+def read_ahead(stack: Stack, plan: Plan, facts: Workers) -> int | None:
     """Sites a GPU worker with limited host memory reads lazy inputs ahead of their use
     (None: :func:`lookahead`'s default): the reads land in pinned host memory, which
     CuPy's pool keeps (twice the reads in flight); they may take half of what the
     worker keeps before Dask spills on its event loop (the other half is for the
     environments the plan sends to host memory: ``Plan.disk_envs``): no more sites
     than fit that, at least one (the next)."""
-    if plan.device != "gpu" or not workers.host_limit or not stack.input_bytes(lazy=True):
+    if plan.device != "gpu" or not facts.host_limit or not stack.input_bytes(lazy=True):
         return None
     site = max(sum(math.prod(s) for s in stack.shapes(j)) for j in range(stack.n))
-    keep = workers.keep if workers.keep is not None else workers.host_limit - workers.rss
+    keep = facts.keep if facts.keep is not None else facts.host_limit - facts.rss
     room = keep // 2
     fits = room // (2 * site * stack.dtype.itemsize) - 1
     default = lookahead(stack, plan)

@@ -1,18 +1,14 @@
 """The run store: a Zarr group that holds one SRC run on disk.
 
-It bounds a run's memory by disk instead of RAM, and makes it restartable::
+It bounds a run's memory by disk instead of RAM, and makes it restartable. As
+zarr keeps metadata, stores and arrays apart, it comes in three layers:
 
-    store/                    attrs: format "src_dask.run", version, run_id, fingerprint
-                              (inputs and options), seed, sketch, chunk, sites,
-                              complete (written last: only then is it a result)
-    store/.src_dask.lock      the writer's host, pid and run (one writer per store)
-    store/env/site_j          C_j, (s, a_1, …, a_k), chunked along s by blocks
-                              of sketch columns; written by pass 1, read by pass 2
-    store/progress            attrs: pass2_next (the next site pass 2 will do);
-                              array pass1[c] = 1 once block c's chain is written
-    store/eta/site_j          η_j, the padded output core of pass 2 at site j
-    store/S/site_j            the right environment pass 2 resumes from
-    store/result/site_j       the output cores in quimb's layout
+- :mod:`._runlayout`: where each thing is (group and array names, attribute
+  keys, the format's version);
+- :class:`RunStore`: the store by path, as tasks read and write it — the path,
+  the run id and the layout, nothing else, so it pickles small into tasks;
+- :class:`OpenRun`: the client's side — the lock, the overwrite policy, the
+  checks of what an earlier run left, the result.
 
 Safety rules (docs/safety.md): a directory is replaced only if it
 is a run store (its ``zarr.json`` says so), and then only the entries a run
@@ -42,21 +38,17 @@ import zarr
 
 from . import _integrity, _paths, _random
 from ._layout import dimension_names
-from ._lock import LOCK, StoreLock
+from ._lock import StoreLock
+from ._runlayout import LAYOUT, RunLayout, env_dims, eta_dims, right_env_dims
 from ._stack import Stack
 from .errors import DamagedDataError, OverwriteNeededError, PathRefusedError, StoreError
-from .trains import TensorTrain
+from .trains import RunInfo, TensorTrain
 from .trains import _to_numpy as to_numpy
 
 log = logging.getLogger("src_dask")
 
-FORMAT = "src_dask.run"
-VERSION = 2
-#: What a run writes at the top of its store: all that ``overwrite`` deletes.
-_ENTRIES = ("zarr.json", "env", "progress", "eta", "S", "result")
-#: Attributes a store must have, and their types.
-_ATTRS = {"format": str, "version": int, "run_id": str, "fingerprint": dict, "seed": int,
-          "sketch": int, "chunk": int, "sites": int, "complete": bool}
+#: What a run store's ``format`` attribute says (``storage`` tells stores apart by it).
+FORMAT = LAYOUT.format
 
 
 @dataclass(frozen=True)
@@ -97,25 +89,125 @@ def check_path(store: Any) -> str:
 def read_attrs(path: str) -> dict | None:
     """The attributes of the Zarr group at ``path``; None for nothing or an empty
     directory; {} for a directory that is not a Zarr group."""
-    if not os.path.isdir(path) or not [e for e in os.listdir(path) if e != LOCK]:
+    if not os.path.isdir(path) or not [e for e in os.listdir(path) if e != LAYOUT.lock]:
         return None
     attrs = _paths.group_attrs(path)
     return {} if attrs is None else attrs
 
 
+@dataclass(frozen=True)
 class RunStore:
-    """One run's store, opened by the client and (by path) by the workers."""
+    """One run's store by path, as the tasks read and write it. It holds the path,
+    the run id and the layout only, so a task carries a few hundred bytes: the
+    lock, the overwrite policy and the checks of a resumed run stay with the
+    client's :class:`OpenRun`. Workers open the arrays by path, so the store must
+    be on a file system they share."""
 
-    def __init__(self, path: str, run_id: str | None = None):
-        self.path = path
-        self.run_id = run_id
-        self._lock: StoreLock | None = None
+    path: str
+    run_id: str | None = None
+    layout: RunLayout = LAYOUT
 
-    # -- client side ------------------------------------------------------
+    def _group(self) -> zarr.Group:
+        return zarr.open_group(self.path, mode="r+", use_consolidated=False)
+
+    def write_env(self, site: int, start: int, env: Any) -> None:
+        """Block ``start…`` of the sketched environment ``C_site`` (pass 1)."""
+        arr = zarr.open_array(f"{self.path}/{self.layout.env_site(site)}", mode="r+")
+        arr[start:start + env.shape[0]] = to_numpy(env)
+
+    def read_env(self, site: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``C_site``, verified (pass 2)."""
+        name = self.layout.env_site(site)
+        arr = zarr.open_array(f"{self.path}/{name}", mode="r")
+        return _integrity.read(arr, (slice(start, stop),),
+                               what=f"{self.path}: {name} (site {site})", finite=False)
+
+    def mark_block_done(self, block: int) -> None:
+        """Block ``block``'s chain of pass 1 is written."""
+        zarr.open_array(f"{self.path}/{self.layout.pass1_path}", mode="r+")[block] = 1
+
+    def write_pass2(self, site: int, eta: Any, env_left: Any) -> None:
+        """Checkpoint after site ``site``: η_site, then S_{site-1}, then the progress."""
+        self.begin_pass2(site, eta, tuple(env_left.shape[1:]), rows=env_left.shape[0])
+        self.write_pass2_rows(site, 0, env_left)
+        self.end_pass2(site)
+
+    def begin_pass2(self, site: int, eta: Any, left: tuple[int, ...],
+                    rows: int | None = None) -> None:
+        """The checkpoint of ``site`` begun: η_site written, S_{site-1} (η's rows by
+        ``left``) made, to be written by rows (:meth:`write_pass2_rows`, in chunks of
+        ``rows`` rows) and completed by :meth:`end_pass2`."""
+        from .storage import chunks_for
+
+        group = self._group()
+        _write_whole(group, self.layout.eta_site(site), eta, eta_dims(site))
+        shape = (eta.shape[0], *left)
+        chunks = chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
+        _integrity.create(group, self.layout.right_env_site(site - 1), shape, eta.dtype,
+                          chunks, overwrite=True,
+                          dimension_names=right_env_dims(site - 1, len(left)))
+
+    def write_pass2_rows(self, site: int, start: int, rows: Any) -> None:
+        """Rows ``start…`` of S_{site-1} (a block of them) into the begun checkpoint."""
+        arr = self._group()[self.layout.right_env_site(site - 1)]
+        arr[start:start + rows.shape[0]] = to_numpy(rows)
+
+    def end_pass2(self, site: int) -> None:
+        """The checkpoint of ``site`` complete: a resumed run starts at ``site - 1``."""
+        group = self._group()
+        group[self.layout.progress].attrs[self.layout.pass2_next] = site - 1
+        if self.layout.right_env_site(site) in group:
+            del group[self.layout.right_env_site(site)]
+
+    def _read_whole(self, name: str, site: int) -> np.ndarray:
+        try:
+            arr = zarr.open_array(f"{self.path}/{name}", mode="r")
+        except Exception as err:  # noqa: BLE001 - missing or unreadable: damaged
+            raise DamagedDataError(f"{self.path}: {name} (site {site}) is missing or "
+                                   "unreadable") from err
+        return _integrity.read(arr, what=f"{self.path}: {name} (site {site})")
+
+    def read_eta(self, site: int) -> np.ndarray:
+        """η_site of pass 2's checkpoint, verified."""
+        return self._read_whole(self.layout.eta_site(site), site)
+
+    def read_right_env(self, site: int) -> np.ndarray:
+        """S_site, the environment pass 2 resumes from, verified."""
+        return self._read_whole(self.layout.right_env_site(site), site)
+
+    def write_result(self, site: int, core: np.ndarray, kind: str, n: int) -> tuple[int, ...]:
+        """Output core ``site`` in quimb's layout; returns its shape."""
+        _write_whole(self._group(), self.layout.result_site(site), core,
+                     dimension_names(kind, site, n))
+        return tuple(core.shape)
+
+
+class OpenRun:
+    """A run store opened by the client (:meth:`prepare`): it holds the lock while
+    the run is on, decides whether the store resumes, is refused or is replaced,
+    checks what an earlier run left, and reads the result. The graph's tasks get
+    :attr:`store` only."""
+
+    def __init__(self, store: RunStore, lock: StoreLock | None = None) -> None:
+        self.store = store
+        self._lock = lock
+
+    @property
+    def path(self) -> str:
+        return self.store.path
+
+    @property
+    def run_id(self) -> str | None:
+        return self.store.run_id
+
+    @property
+    def layout(self) -> RunLayout:
+        return self.store.layout
+
     @classmethod
     def prepare(cls, path: str, stack: Stack, fingerprint: dict, *,
                 seed: int | None, sketch: int, chunk: int,
-                overwrite: bool) -> tuple[RunStore, Progress, int, int]:
+                overwrite: bool) -> tuple[OpenRun, Progress, int, int]:
         """Open or create the store at ``path`` (from :func:`check_path`) and lock it;
         returns it, the progress, the seed and the chunk. Call :meth:`release` when
         the run ends.
@@ -125,8 +217,8 @@ class RunStore:
         the earlier run left. A directory that is not a run store is never touched.
         """
         attrs = read_attrs(path)
-        running = os.path.exists(os.path.join(path, LOCK))  # a run may be setting it up
-        if attrs is not None and attrs.get("format") != FORMAT and not running:
+        running = os.path.exists(os.path.join(path, LAYOUT.lock))  # a run may be setting up
+        if attrs is not None and attrs.get("format") != LAYOUT.format and not running:
             raise PathRefusedError(
                 f"{path}: exists and is not a src_dask run store; src_dask does not replace "
                 "it (choose another path, or remove it yourself)")
@@ -142,117 +234,103 @@ class RunStore:
                 shutil.rmtree(path, ignore_errors=True)
             raise
         try:
-            store, progress, seed, chunk = cls._open_locked(
-                path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
-                overwrite=overwrite, made=made)
+            return cls._open_locked(path, lock, stack, fingerprint, seed=seed,
+                                    sketch=sketch, chunk=chunk, overwrite=overwrite, made=made)
         except BaseException:
             lock.release()
             if made and os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
             raise
-        store._lock = lock
-        return store, progress, seed, chunk
 
     @classmethod
-    def _open_locked(cls, path: str, stack: Stack, fingerprint: dict, *, seed: int | None,
-                     sketch: int, chunk: int, overwrite: bool,
-                     made: bool) -> tuple[RunStore, Progress, int, int]:
+    def _open_locked(cls, path: str, lock: StoreLock, stack: Stack, fingerprint: dict, *,
+                     seed: int | None, sketch: int, chunk: int, overwrite: bool,
+                     made: bool) -> tuple[OpenRun, Progress, int, int]:
         attrs = read_attrs(path)  # again: another process may have written it meanwhile
         if attrs is not None:
-            if attrs.get("format") != FORMAT:
+            if attrs.get("format") != LAYOUT.format:
                 raise PathRefusedError(f"{path}: exists and is not a src_dask run store; "
                                        "src_dask does not replace it")
-            problem = _metadata_problem(attrs)
+            problem = LAYOUT.problem(attrs)
             wanted = _jsonable({**fingerprint, "seed": attrs.get("seed") if seed is None
                                 else seed})
             if problem is None and attrs["sites"] != stack.n:  # another run, not damaged
                 wanted["sites"] = stack.n
             if problem is None and attrs["fingerprint"] == wanted:
-                store = cls(path, attrs["run_id"])
-                return store, store._checked_progress(attrs, stack), attrs["seed"], \
-                    attrs["chunk"]
+                run = cls(RunStore(path, attrs["run_id"]), lock)
+                return run, run._checked_progress(attrs, stack), attrs["seed"], attrs["chunk"]
             if not overwrite:
-                if problem is not None:
-                    raise OverwriteNeededError(
-                        f"{path}: the run store's metadata is damaged ({problem})",
-                        "pass overwrite=True to start the run anew")
-                stored = {**attrs["fingerprint"], "sites": attrs["sites"]}
-                diff = sorted(k for k in set(stored) | set(wanted)
-                              if k in wanted and stored.get(k) != wanted.get(k))
-                if "sites" in diff:
-                    diff[diff.index("sites")] = (f"sites: it holds {attrs['sites']}, "
-                                                 f"this run has {stack.n}")
-                raise OverwriteNeededError(f"{path}: holds a run of other inputs or options "
-                                           f"(differs in {', '.join(diff)})")
+                raise _refusal(path, attrs, problem, wanted, stack.n)
             _paths.check_space(path, planned_bytes(stack, sketch), "the run store")
             _remove_run(path)
-        return cls._create(path, stack, fingerprint, seed=seed, sketch=sketch, chunk=chunk,
-                           made=made)
+        return cls._create(path, lock, stack, fingerprint, seed=seed, sketch=sketch,
+                           chunk=chunk)
 
     @classmethod
-    def _create(cls, path: str, stack: Stack, fingerprint: dict, *, seed: int | None,
-                sketch: int, chunk: int, made: bool) -> tuple[RunStore, Progress, int, int]:
+    def _create(cls, path: str, lock: StoreLock, stack: Stack, fingerprint: dict, *,
+                seed: int | None, sketch: int, chunk: int) -> tuple[OpenRun, Progress, int, int]:
         """A new store; on any failure nothing of it stays behind."""
         if seed is None:
             seed = _random.draw_seed()
         run_id = uuid.uuid4().hex
+        layout = LAYOUT
         try:
             # ours from the start (an interrupted set-up can be replaced with overwrite),
             # but whole only once the last attributes are written
             group = zarr.open_group(path, mode="a", attributes={
-                "format": FORMAT, "version": VERSION, "run_id": run_id, "complete": False})
+                "format": layout.format, "version": layout.version, "run_id": run_id,
+                layout.complete: False})
             for j in range(1, stack.n):
                 bonds = stack.left_bonds(j)
-                _integrity.create(group, f"env/site_{j}", (sketch, *bonds), stack.dtype,
-                                  (chunk, *bonds), dimension_names=_env_dims(j, len(bonds)))
+                _integrity.create(group, layout.env_site(j), (sketch, *bonds), stack.dtype,
+                                  (chunk, *bonds), dimension_names=env_dims(j, len(bonds)))
             blocks = math.ceil(sketch / chunk)
-            progress = group.create_group("progress")
-            _integrity.create(progress, "pass1", (blocks,), "int8", (1,))[...] = 0
-            progress.attrs["pass2_next"] = stack.n - 1
+            progress = group.create_group(layout.progress)
+            _integrity.create(progress, layout.pass1, (blocks,), "int8", (1,))[...] = 0
+            progress.attrs[layout.pass2_next] = stack.n - 1
             # the group's attributes last: only a whole store reads as a run store
-            group.attrs.update({"format": FORMAT, "version": VERSION, "run_id": run_id,
+            group.attrs.update({"format": layout.format, "version": layout.version,
+                                "run_id": run_id,
                                 "fingerprint": _jsonable({**fingerprint, "seed": seed}),
                                 "seed": seed, "sketch": sketch, "chunk": chunk,
                                 "sites": stack.n, "bytes_planned": planned_bytes(stack, sketch),
-                                "complete": False})
+                                layout.complete: False})
         except BaseException:
             _remove_run(path)
             raise
-        return cls(path, run_id), Progress((False,) * blocks, stack.n - 1), seed, chunk
+        return (cls(RunStore(path, run_id, layout), lock),
+                Progress((False,) * blocks, stack.n - 1), seed, chunk)
 
     def _checked_progress(self, attrs: dict, stack: Stack) -> Progress:
         """What an earlier run left, verified: blocks of pass 1 whose environments
         are missing or damaged are done again, and pass 2 starts over when its
         checkpoint is damaged. A store marked complete must hold its whole result."""
-        n = stack.n
+        n, layout = stack.n, self.layout
         group = self._open_group("r")
-        if attrs["complete"]:
+        blocks = math.ceil(attrs["sketch"] / attrs["chunk"])
+        if attrs[layout.complete]:
             for j in range(n):
-                arr = self._array(group, f"result/site_{j}")
-                lost = _integrity.missing_chunks(arr)
+                lost = _integrity.missing_chunks(self._array(group, layout.result_site(j)))
                 if lost:
-                    raise DamagedDataError(f"{self.path}: result/site_{j} (site {j}): "
+                    raise DamagedDataError(f"{self.path}: {layout.result_site(j)} (site {j}): "
                                            f"{len(lost)} chunk(s) missing; pass "
                                            "overwrite=True to compute the run anew")
-            return Progress((True,) * math.ceil(attrs["sketch"] / attrs["chunk"]), 0)
-        blocks = math.ceil(attrs["sketch"] / attrs["chunk"])
+            return Progress((True,) * blocks, 0)
         try:
-            done = _integrity.read(self._array(group, "progress/pass1"),
-                                   what=f"{self.path}: progress/pass1")
+            done = _integrity.read(self._array(group, layout.pass1_path),
+                                   what=f"{self.path}: {layout.pass1_path}")
             if done.shape != (blocks,):
                 raise DamagedDataError(f"pass1 has shape {done.shape}, expected ({blocks},)")
         except DamagedDataError as err:
             log.warning("src: %s; redoing pass 1", err)
             done = np.zeros(blocks)
-        pass1 = [bool(v) for v in done]
-        for c in range(blocks):
-            if pass1[c] and not self._block_intact(group, c, n):
-                pass1[c] = False
-        nxt = group["progress"].attrs.get("pass2_next") if "progress" in group else None
+        pass1 = [bool(v) and self._block_intact(group, c, n) for c, v in enumerate(done)]
+        nxt = (group[layout.progress].attrs.get(layout.pass2_next)
+               if layout.progress in group else None)
         if not isinstance(nxt, int) or isinstance(nxt, bool) or not 0 <= nxt <= n - 1:
             raise OverwriteNeededError(
-                f"{self.path}: the run store's metadata is damaged (progress pass2_next is "
-                f"{nxt!r}, expected an int in 0…{n - 1})",
+                f"{self.path}: the run store's metadata is damaged (progress "
+                f"{layout.pass2_next} is {nxt!r}, expected an int in 0…{n - 1})",
                 "pass overwrite=True to start the run anew")
         if nxt < n - 1 and not self._pass2_intact(nxt, n):
             nxt = n - 1
@@ -263,9 +341,10 @@ class RunStore:
         chunk = group.attrs["chunk"]
         rows = slice(block * chunk, (block + 1) * chunk)
         for j in range(1, n):
+            name = self.layout.env_site(j)
             try:
-                arr = self._array(group, f"env/site_{j}")
-                _integrity.read(arr, (rows,), what=f"{self.path}: env/site_{j}", finite=False)
+                arr = self._array(group, name)
+                _integrity.read(arr, (rows,), what=f"{self.path}: {name}", finite=False)
             except DamagedDataError as err:
                 log.warning("src: %s (block %d of pass 1); recomputing the block", err, block)
                 return False
@@ -275,8 +354,8 @@ class RunStore:
         """Whether pass 2's checkpoint (η of the sites done, S to resume from) reads."""
         try:
             for j in range(nxt + 1, n):
-                self.read_eta(j)
-            self.read_right_env(nxt)
+                self.store.read_eta(j)
+            self.store.read_right_env(nxt)
         except DamagedDataError as err:
             log.warning("src: %s; pass 2 starts over", err)
             return False
@@ -303,102 +382,52 @@ class RunStore:
             self._lock = None
 
     def is_complete(self) -> bool:
-        return bool((read_attrs(self.path) or {}).get("complete"))
+        return bool((read_attrs(self.path) or {}).get(self.layout.complete))
 
     def mark_complete(self) -> None:
         """Written last: from here on the store reads as a finished result; its metadata is
         then consolidated, so that its result opens in one read (xarray too)."""
-        self._open_group("r+").attrs["complete"] = True
+        self._open_group("r+").attrs[self.layout.complete] = True
         # then (an optimisation, not a mark: src_dask never reads through it) in one read
-        _integrity.consolidate(self.path, "result")  # zarr.open_group(".../result")
+        _integrity.consolidate(self.path, self.layout.result)  # zarr.open_group(".../result")
         _integrity.consolidate(self.path)  # xarray.open_zarr(path, group="result")
 
     def write_discarded(self, weights: list[float] | None) -> None:
         """The weights the rounding discarded, per bond (None: no rounding), kept with
         the result so that a finished store returns them too."""
-        self._open_group("r+")["result"].attrs["discarded"] = weights
+        self._open_group("r+")[self.layout.result].attrs[self.layout.discarded] = weights
 
-    def result(self, kind: str) -> TensorTrain:
-        """The output train, as Dask arrays over ``result/site_j``: read through
-        checksums, and refused once another run has replaced this one."""
-        group = self._open_group("r")
+    def result(self, kind: str, quimb_ids: dict[str, str] | None = None) -> TensorTrain:
+        """The output train, as Dask arrays over the result's arrays: read through
+        checksums, and refused once another run has replaced this one; with the run's
+        seed and discarded weights, and the quimb names ``quimb_ids``
+        (:class:`~src_dask.trains.RunInfo`)."""
+        group, layout = self._open_group("r"), self.layout
         guard = _SameRun(self.path, self.run_id)
-        verified = [_integrity.VerifiedArray(self._array(group, f"result/site_{j}"),
-                                             f"{self.path}: result/site_{j} (site {j})", guard)
+        verified = [_integrity.VerifiedArray(self._array(group, layout.result_site(j)),
+                                             f"{self.path}: {layout.result_site(j)} (site {j})",
+                                             guard)
                     for j in range(group.attrs["sites"])]
-        y = TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
-                        sources=verified)
-        y.discarded = group["result"].attrs.get("discarded")
-        return y
+        info = RunInfo(seed=group.attrs["seed"], quimb_ids=quimb_ids,
+                       discarded=group[layout.result].attrs.get(layout.discarded))
+        return TensorTrain([_integrity.to_dask(v) for v in verified], kind, name=self.path,
+                           sources=verified, run_info=info)
 
-    # -- worker side (inside tasks) ---------------------------------------------
-    def _group(self) -> zarr.Group:
-        return zarr.open_group(self.path, mode="r+", use_consolidated=False)
 
-    def write_env(self, site: int, start: int, env: Any) -> None:
-        arr = zarr.open_array(f"{self.path}/env/site_{site}", mode="r+")
-        arr[start:start + env.shape[0]] = to_numpy(env)
-
-    def read_env(self, site: int, start: int, stop: int) -> np.ndarray:
-        arr = zarr.open_array(f"{self.path}/env/site_{site}", mode="r")
-        return _integrity.read(arr, (slice(start, stop),),
-                               what=f"{self.path}: env/site_{site} (site {site})", finite=False)
-
-    def mark_block_done(self, block: int) -> None:
-        zarr.open_array(f"{self.path}/progress/pass1", mode="r+")[block] = 1
-
-    def write_pass2(self, site: int, eta: Any, env_left: Any) -> None:
-        """Checkpoint after site ``site``: η_site, then S_{site-1}, then the progress."""
-        self.begin_pass2(site, eta, tuple(env_left.shape[1:]), rows=env_left.shape[0])
-        self.write_pass2_rows(site, 0, env_left)
-        self.end_pass2(site)
-
-    def begin_pass2(self, site: int, eta: Any, left: tuple[int, ...],
-                    rows: int | None = None) -> None:
-        """The checkpoint of ``site`` begun: η_site written, S_{site-1} (η's rows by
-        ``left``) made, to be written by rows (:meth:`write_pass2_rows`, in chunks of
-        ``rows`` rows) and completed by :meth:`end_pass2`."""
-        from .storage import chunks_for
-
-        group = self._group()
-        _write_whole(group, f"eta/site_{site}", eta, (f"bond_{site - 1}", f"bond_{site}",
-                                                       f"up_{site}", f"down_{site}"))
-        shape = (eta.shape[0], *left)
-        chunks = chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
-        _integrity.create(group, f"S/site_{site - 1}", shape, eta.dtype, chunks,
-                          overwrite=True,
-                          dimension_names=(f"bond_{site - 1}", *_env_dims(site, len(left))[1:]))
-
-    def write_pass2_rows(self, site: int, start: int, rows: Any) -> None:
-        """Rows ``start…`` of S_{site-1} (a block of them) into the begun checkpoint."""
-        arr = self._group()[f"S/site_{site - 1}"]
-        arr[start:start + rows.shape[0]] = to_numpy(rows)
-
-    def end_pass2(self, site: int) -> None:
-        """The checkpoint of ``site`` complete: a resumed run starts at ``site - 1``."""
-        group = self._group()
-        group["progress"].attrs["pass2_next"] = site - 1
-        if f"S/site_{site}" in group:
-            del group[f"S/site_{site}"]
-
-    def _read_whole(self, name: str, site: int) -> np.ndarray:
-        try:
-            arr = zarr.open_array(f"{self.path}/{name}", mode="r")
-        except Exception as err:  # noqa: BLE001 - missing or unreadable: damaged
-            raise DamagedDataError(f"{self.path}: {name} (site {site}) is missing or "
-                                   "unreadable") from err
-        return _integrity.read(arr, what=f"{self.path}: {name} (site {site})")
-
-    def read_eta(self, site: int) -> np.ndarray:
-        return self._read_whole(f"eta/site_{site}", site)
-
-    def read_right_env(self, site: int) -> np.ndarray:
-        return self._read_whole(f"S/site_{site}", site)
-
-    def write_result(self, site: int, core: np.ndarray, kind: str, n: int) -> tuple[int, ...]:
-        _write_whole(self._group(), f"result/site_{site}", core,
-                     dimension_names(kind, site, n))
-        return tuple(core.shape)
+def _refusal(path: str, attrs: dict, problem: str | None, wanted: dict,
+             sites: int) -> OverwriteNeededError:
+    """Why a store of another run (or with damaged metadata) is not replaced without
+    ``overwrite``: the damage, or the options it differs in."""
+    if problem is not None:
+        return OverwriteNeededError(f"{path}: the run store's metadata is damaged ({problem})",
+                                    "pass overwrite=True to start the run anew")
+    stored = {**attrs["fingerprint"], "sites": attrs["sites"]}
+    diff = sorted(k for k in set(stored) | set(wanted)
+                  if k in wanted and stored.get(k) != wanted.get(k))
+    if "sites" in diff:
+        diff[diff.index("sites")] = f"sites: it holds {attrs['sites']}, this run has {sites}"
+    return OverwriteNeededError(f"{path}: holds a run of other inputs or options "
+                                f"(differs in {', '.join(diff)})")
 
 
 def describe(path: str) -> dict[str, Any]:
@@ -406,9 +435,9 @@ def describe(path: str) -> dict[str, Any]:
     options, inputs (kinds, bonds, legs), progress, and the result once complete.
     A store whose metadata does not add up is one :class:`StoreError`."""
     attrs = read_attrs(path)
-    if not attrs or attrs.get("format") != FORMAT:
+    if not attrs or attrs.get("format") != LAYOUT.format:
         raise StoreError(f"{path}: not a src_dask run store")
-    problem = _metadata_problem(attrs)
+    problem = LAYOUT.problem(attrs)
     if problem is not None:
         raise StoreError(f"{path}: the run store's metadata is damaged ({problem})")
     fingerprint = dict(attrs["fingerprint"])
@@ -417,24 +446,24 @@ def describe(path: str) -> dict[str, Any]:
                   for kind, transpose, sites in fingerprint.pop("inputs", [])]
     except (TypeError, ValueError, IndexError) as err:
         raise StoreError(f"{path}: the run store's inputs record is damaged ({err})") from None
-    store = RunStore(path, attrs["run_id"])
-    group = store._open_group("r")
+    run = OpenRun(RunStore(path, attrs["run_id"]))  # read only: no lock
+    group = run._open_group("r")
     try:
-        pass1 = [bool(v) for v in _integrity.read(store._array(group, "progress/pass1"),
-                                                  what=f"{path}: progress/pass1")]
-        nxt = group["progress"].attrs.get("pass2_next")
+        pass1 = [bool(v) for v in _integrity.read(run._array(group, LAYOUT.pass1_path),
+                                                  what=f"{path}: {LAYOUT.pass1_path}")]
+        nxt = group[LAYOUT.progress].attrs.get(LAYOUT.pass2_next)
     except (DamagedDataError, KeyError):
         pass1, nxt = [], None
     info: dict[str, Any] = {
-        "path": path, "what": "run store", "complete": attrs["complete"],
+        "path": path, "what": "run store", "complete": attrs[LAYOUT.complete],
         "options": fingerprint, "seed": attrs["seed"], "sketch": attrs["sketch"],
         "chunk": attrs["chunk"], "sites": attrs["sites"], "inputs": inputs,
         "pass1_blocks_done": sum(pass1), "pass1_blocks": len(pass1),
         "pass2_next_site": nxt if isinstance(nxt, int) else attrs["sites"] - 1,
         "bytes_planned": attrs.get("bytes_planned")}
-    if attrs["complete"]:
+    if attrs[LAYOUT.complete]:
         kind = "mps" if any(i["kind"] == "mps" for i in inputs) else "mpo"
-        result = store.result(kind)
+        result = run.result(kind)
         info["result"] = {"kind": kind, "bond_dims": result.bond_dims,
                           "dtype": result.dtype.name, "bytes": result.nbytes}
     return info
@@ -458,41 +487,22 @@ class _SameRun:
 
     def __call__(self) -> None:
         attrs = read_attrs(self.path) or {}
-        if attrs.get("run_id") != self.run_id or not attrs.get("complete"):
+        if attrs.get("run_id") != self.run_id or not attrs.get(LAYOUT.complete):
             raise StoreError(f"{self.path}: the run store was replaced or changed since this "
                              "result was returned; its data is gone (compute() results you "
                              "want to keep, or save them with src_dask.save)")
 
 
-def _metadata_problem(attrs: dict) -> str | None:
-    """What is wrong with a run store's attributes (hand-edited, or another
-    version), or None. (A store of another number of sites is not damaged: it holds
-    another run.)"""
-    for key, kind in _ATTRS.items():
-        value = attrs.get(key)
-        if key not in attrs:
-            return f"{key} is missing"
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"{key} is {value!r}, expected {kind.__name__}"
-    if attrs["version"] != VERSION:
-        return f"format version {attrs['version']}, this src_dask writes {VERSION}"
-    if attrs["sketch"] < 1 or not 1 <= attrs["chunk"] <= attrs["sketch"]:
-        return f"sketch {attrs['sketch']} and chunk {attrs['chunk']} do not make blocks"
-    if attrs["sites"] < 2 or attrs["seed"] < 0:
-        return f"sites {attrs['sites']}, seed {attrs['seed']}"
-    return None
-
-
 def _remove_run(path: str) -> None:
     """Delete what a run writes at ``path`` (and nothing else: not the lock, not
     files someone else put there)."""
-    for name in _ENTRIES:
+    for name in LAYOUT.entries:
         where = os.path.join(path, name)
         if os.path.isdir(where) and not os.path.islink(where):
             _rmtree(where)
         elif os.path.lexists(where):
             os.remove(where)
-    left = [e for e in os.listdir(path) if e != LOCK] if os.path.isdir(path) else []
+    left = [e for e in os.listdir(path) if e != LAYOUT.lock] if os.path.isdir(path) else []
     if left:
         log.warning("src: %s: kept %d entries that a run does not write (%s)", path, len(left),
                     ", ".join(sorted(left)[:5]))
@@ -524,12 +534,6 @@ def _write_whole(group: zarr.Group, name: str, x: Any,
                             chunks_for(x.shape, x.dtype.itemsize), overwrite=True,
                             dimension_names=dims)
     arr[...] = x
-
-
-def _env_dims(site: int, factors: int) -> tuple[str, ...]:
-    """Axes of a sketched environment ``C_site[s, a_1..a_k]``: the sketch columns, then
-    each factor's bond left of ``site``."""
-    return ("sketch", *(f"bond_{site - 1}_factor_{i}" for i in range(factors)))
 
 
 def _jsonable(x: Any) -> Any:

@@ -31,6 +31,22 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "complex64"
 Kind = Literal["mps", "mpo"]
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What the run that made a train says about it, given once when the train is made
+    (:func:`src_dask.src` makes its result with it): the sketch's ``seed`` (drawn when
+    not given, so that the run can be repeated), the weight the rounding discarded
+    at each bond (None without rounding), and the index and tag names of the quimb
+    input whose naming the result keeps (``to_quimb``)."""
+
+    seed: int | None = None
+    discarded: tuple[float | None, ...] | None = None
+    quimb_ids: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.discarded is not None:  # a list from the graph or the store: kept as is
+            object.__setattr__(self, "discarded", tuple(self.discarded))
+
 
 def _is_array(x: Any) -> bool:
     """An array or a lazy array-like: shape, dtype, ndim, and a way to read it."""
@@ -78,13 +94,16 @@ class TensorTrain(Sequence):
         omitted.
     name
         How error messages refer to this train (for example ``"trains[1]"``).
+    run_info
+        What the run that made it says (:class:`RunInfo`; a result of
+        :func:`~src_dask.src` has one): read as ``seed`` and ``discarded``.
     """
 
     def __init__(self, cores: Any, kind: Kind | None = None, *, name: str = "train",
-                 sources: Sequence[Any] | None = None):
-        self.seed: int | None = None  # the sketch's seed, for a result of src
-        self.discarded: list[float | None] | None = None  # per bond, for a result of src
-        self._quimb: dict[str, str] | None = None  # a quimb input's index and tag names
+                 sources: Sequence[Any] | None = None, run_info: RunInfo | None = None):
+        self.run_info = run_info
+        # a quimb input's index and tag names (or those its run kept), for to_quimb
+        self._quimb: dict[str, str] | None = None if run_info is None else run_info.quimb_ids
         if isinstance(cores, TensorTrain) or _is_quimb(cores):  # anything src accepts
             other = cores if isinstance(cores, TensorTrain) else _from_quimb(cores, name)
             if kind is not None and kind != other.kind:
@@ -255,10 +274,22 @@ class TensorTrain(Sequence):
             raise ZeroDivisionError(f"{self.name}: a train of norm 0 cannot be normalized")
         return self / norm
 
+    @property
+    def seed(self) -> int | None:
+        """The sketch's seed, for a result of :func:`~src_dask.src` (else None)."""
+        return None if self.run_info is None else self.run_info.seed
+
+    @property
+    def discarded(self) -> list[float | None] | None:
+        """For a result of :func:`~src_dask.src` with rounding: the weight discarded at
+        each bond (else None)."""
+        info = self.run_info
+        return None if info is None or info.discarded is None else list(info.discarded)
+
     def _like(self, cores: list[Any], sources: Sequence[Any] | None = None) -> TensorTrain:
-        out = TensorTrain(cores, self.kind, name=self.name, sources=sources)
-        out.seed, out._quimb = self.seed, self._quimb
-        out.discarded = None if self.discarded is None else list(self.discarded)
+        out = TensorTrain(cores, self.kind, name=self.name, sources=sources,
+                          run_info=self.run_info)
+        out._quimb = self._quimb
         return out
 
     # -- conversions ------------------------------------------------------

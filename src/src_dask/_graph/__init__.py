@@ -28,7 +28,8 @@ def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
           store: RunStore | None = None, progress: Progress | None = None) -> Delayed:
     """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
-    ``workers`` (addresses of a distributed cluster) places the column blocks. With a run
+    ``workers`` (the addresses of a distributed cluster's workers) places the column
+    blocks. With a run
     ``store`` the environments and outputs go to disk, the result is a list of
     the output shapes, and ``progress`` says what an earlier run already did.
     """

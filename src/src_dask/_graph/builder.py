@@ -25,12 +25,17 @@ class GraphBuilder:
     def __init__(self, sweep: SweepPlan, token: str) -> None:
         self.sweep = sweep
         self.token = token
-        self.workers = list(sweep.workers)
+        self.addresses = list(sweep.addresses)
         self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
         self.placement: dict[Any, str] = {}
         self._shared: dict[int, tuple[Any, Any]] = {}  # id(array): (array, its data key)
         self._signals: dict[Any, Any] = {}
+
+    @property
+    def n_workers(self) -> int:
+        """Workers the graph places tasks on (0: Dask's local scheduler)."""
+        return len(self.addresses)
 
     def name(self, step: str, site: int) -> str:
         return keys.name(step, site, self.token)
@@ -52,8 +57,8 @@ class GraphBuilder:
         and projected cores travel to it. Loose: another worker may take over
         if that one is lost.
         """
-        if self.workers:
-            self.placement[key] = self.workers[block % len(self.workers)]
+        if self.addresses:
+            self.placement[key] = self.addresses[block % self.n_workers]
         return key
 
     def signal(self, key: Any) -> Any:
@@ -61,7 +66,7 @@ class GraphBuilder:
         on ``key``'s worker that returns None once ``key`` has run. Reads and copies
         ahead of use are paced by steps on other workers; waiting on the step itself
         moved its result (a 256 MB block of C, a 64 MB core) to them for nothing."""
-        if key is None or len(self.workers) < 2 or key_split(key) == "src_after":
+        if key is None or self.n_workers < 2 or key_split(key) == "src_after":
             return key  # one worker (nothing moves), or a signal already
         if key not in self._signals:
             signal = keys.after(key, self.token)

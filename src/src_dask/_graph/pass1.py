@@ -40,7 +40,7 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
         start, stop = blocks[c]
         env = None
         for j in range(n - 1):
-            after = barriers.get((j - _LAG, c % max(1, len(g.workers))))
+            after = barriers.get((j - _LAG, c % max(1, g.n_workers)))
             env = g.pin(g.add((g.name("pass1", j), c), tasks.pass1_block, env,
                               cores[j, c % groups], after, site=j, start=start, stop=stop,
                               run=g.token, store=store, block=c, last=j == n - 2,
@@ -60,7 +60,7 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
 def _reads_back_here(g: GraphBuilder, c: int) -> bool:
     """Whether pass 2 fetches block ``c``'s environments on the worker that made them
     (a file written there is read there); else they stay in host memory, to travel."""
-    return not g.sweep.pass2.home or c % max(1, len(g.workers)) == 0
+    return not g.sweep.pass2.home or c % max(1, g.n_workers) == 0
 
 
 #: Sites a block's chain may run ahead of the slowest block that shares its inputs.
@@ -79,10 +79,10 @@ def _barriers(g: GraphBuilder, blocks_todo: list[int], n: int,
     and kept every site's cores for the last one (at 21 blocks on a 12 GB GPU pool
     they were spilled to host memory and read back for each block), and ran steps
     before copies, whose environments dask-cuda then spilled on the event loop."""
-    workers = max(1, len(g.workers))
+    n_workers = max(1, g.n_workers)
     out: dict[tuple[int, int], Any] = {}
-    for w in range(workers):
-        mine = [c for c in blocks_todo if c % workers == w]
+    for w in range(n_workers):
+        mine = [c for c in blocks_todo if c % n_workers == w]
         if len(mine) < 2:
             continue
         for j in range(n - 1 - _LAG):

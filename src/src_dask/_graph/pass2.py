@@ -57,15 +57,14 @@ class _Pass2:
         self.checkpoint: Any = None  # the last checkpoint task of split pass 2
         self.out: list[Any] = [None] * n
 
-    def cores_at(self, j: int, worker: int) -> list[Any]:
-        """Site ``j``'s cores for use on worker ``worker`` (its index): each worker's own
+    def cores_at(self, j: int, w: int) -> list[Any]:
+        """Site ``j``'s cores for use on worker ``w`` (its index): each worker's own
         copy where the workers prepare their own inputs (GPUs), else the one copy."""
-        if self.sweep.groups == 1 or worker == 0:
+        if self.sweep.groups == 1 or w == 0:
             return self.cores[j]
-        if (j, worker) not in self._cores_of_group:
-            self._cores_of_group[j, worker] = self.inputs.load(j, 2, self.ahead_of(j),
-                                                               group=worker)
-        return self._cores_of_group[j, worker]
+        if (j, w) not in self._cores_of_group:
+            self._cores_of_group[j, w] = self.inputs.load(j, 2, self.ahead_of(j), group=w)
+        return self._cores_of_group[j, w]
 
     def ahead_of(self, j: int) -> Any:
         """The signal that lets site j's inputs of pass 2 be read (or fetched)."""
@@ -251,7 +250,7 @@ class _Pass2:
 
     # -- split over the workers by rows of Z (Pass2.split, docs/design.md §8) ---------
     def owner(self, block: int, blocks: int) -> int:
-        return row_owner(block, blocks, len(self.sweep.workers))
+        return row_owner(block, blocks, self.g.n_workers)
 
     def split_project(self, j: int, parts: _Parts) -> list[Any]:
         """``Z_j``'s row blocks, each on the worker that owns its rows."""
@@ -282,7 +281,7 @@ class _Pass2:
                 if self.on_host(j):
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.to_device,
                                       env, self.fetch_after(j)), w)
-                elif self.store is None and c % len(self.sweep.workers) != w:
+                elif self.store is None and c % self.g.n_workers != w:
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.first, env,
                                       self.ahead_of(j)), w)
                 keys.append(env)
