@@ -1,4 +1,8 @@
-"""Ctrl-C, for the command line and the local clusters it starts.
+"""Ctrl-C for a client and the local cluster it starts: one interrupt, one line.
+
+Used by the command line and by :func:`src_dask.cluster`; public so that a script
+that starts its own local cluster can stop the same way (``with
+local_client(src_dask.cluster) as client: ...``).
 
 A terminal's Ctrl-C goes to the whole process group: Dask's worker processes
 would die with the client, and every thread of Dask logs what the interrupt
@@ -19,6 +23,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+__all__ = ["forget", "local_client", "quiet_logs", "quiet_worker", "sigint_deferred",
+           "sigint_quiets"]
 
 
 @contextlib.contextmanager
@@ -124,10 +131,11 @@ def sigint_quiets(quiet: contextlib.ExitStack) -> Iterator[None]:
 @contextlib.contextmanager
 def local_client(start: Callable[[], Any]) -> Iterator[Any]:
     """A ``distributed.Client`` on the local cluster that ``start()`` returns
-    (``_cluster.start_local``: loopback by default, worker processes that do not
-    take SIGINT). A Ctrl-C silences Dask's logs until the cluster is closed, so the
-    interrupt shows as one line (``main``); a Ctrl-C while the cluster closes waits
-    for the close (then interrupts)."""
+    (:func:`src_dask.cluster`: loopback by default, worker processes that do not
+    take SIGINT), closed with its cluster when the block ends. A Ctrl-C silences
+    Dask's logs until the cluster is closed, so the interrupt shows as one line (the
+    command line's); a Ctrl-C while the cluster closes waits for the close (then
+    interrupts)."""
     from distributed import Client
 
     local = start()
@@ -160,7 +168,7 @@ def forget(err: BaseException) -> None:
     that says the run was interrupted."""
     quiet: Any = contextlib.nullcontext()
     if "distributed" in sys.modules:
-            quiet = quiet_logs()
+        quiet = quiet_logs()
     with quiet:
         seen: set[int] = set()
         while err is not None and id(err) not in seen:
