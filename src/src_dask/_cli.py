@@ -16,21 +16,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from .errors import OverwriteNeededError, StoreError
-from .interrupts import forget, local_client
+from dask.utils import format_bytes
 
-# The library (Dask's arrays, NumPy) is imported by the commands that use it, so that
-# --help answers at once; these lists are the library's (tests/test_cli.py checks them).
+import src_dask
+
+from . import connect
+from .errors import OverwriteNeededError
+from .interrupts import forget
+
+# NumPy and Dask's arrays are imported by the commands that use them (``storage``,
+# ``problems``), so that --help answers at once; hence these lists, which are the
+# library's (trains.SUPPORTED_DTYPES, problems.SPEC_DEFAULTS: tests/test_cli.py checks).
 PROG = "src-dask"
-DTYPES = ("float32", "float64", "complex64", "complex128")  # trains.SUPPORTED_DTYPES
-KINDS = ("mps", "mpo", "stack", "heisenberg", "ising")  # problems.SPEC_DEFAULTS
+DTYPES = ("float32", "float64", "complex64", "complex128")
+KINDS = ("mps", "mpo", "stack", "heisenberg", "ising")
 
 
 class CLIError(Exception):
@@ -54,8 +62,7 @@ def _err(line: str) -> None:
 
 
 def _typed(cast: Callable[[str], Any], ok: Callable[[Any], bool], want: str) -> Any:
-    """An argparse ``type``: ``cast(text)`` where ``ok`` holds of it, else the usage
-    error "expected {want}, got {text!r}"."""
+    """An argparse ``type``: ``cast(text)`` where ``ok`` of it, else a usage error."""
     def parse(text: str) -> Any:
         with contextlib.suppress(ValueError):
             if ok(value := cast(text)):
@@ -71,18 +78,16 @@ _oversample = _typed(lambda t: t if t == "auto" else int(t), lambda v: v == "aut
 _cutoff = _typed(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
-def _refuse_existing(path: str, overwrite: bool) -> None:
-    """Something at an output path without --overwrite: refused before any work (what
-    else ``storage.save`` refuses, ``storage.check_writable`` says)."""
+def _new(path: str, overwrite: bool) -> str:
+    """``path``, refused before any work where something is there without --overwrite."""
     if os.path.lexists(path) and not overwrite:
         raise CLIError(f"{path}: already exists; pass --overwrite to replace it")
+    return path
 
 
 def _cluster_flags(args: argparse.Namespace, protocol: bool = True) -> None:
-    """Where-to-run flags that go together, checked as argparse checks flags (a usage
-    error): the local cluster's options need one (--workers/--gpus), the three TLS
-    files go together and need a cluster, --protocol needs --gpus (``protocol``).
-    Sets the local options' defaults and ``args.security`` (``tls.security``)."""
+    """Usage errors of where-to-run flags that do not go together; their defaults, and
+    ``args.security`` (``connect.security`` of the --tls-* files)."""
     local = args.workers is not None or args.gpus is not None
     for flag in ("--threads", "--memory-limit", "--local-directory"):
         if getattr(args, flag[2:].replace("-", "_")) is not None and not local:
@@ -92,83 +97,52 @@ def _cluster_flags(args: argparse.Namespace, protocol: bool = True) -> None:
         args.parser.error("--threads: is for --workers N (a GPU worker runs one thread)")
     args.threads = 1 if args.threads is None else args.threads
     args.memory_limit = "auto" if args.memory_limit is None else args.memory_limit
-    files = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
-             "--tls-key": args.tls_key}
-    args.security = None
-    if any(files.values()):
-        if not all(files.values()):
-            missing = ", ".join(k for k, v in files.items() if not v)
-            args.parser.error(f"--tls-ca-file, --tls-cert and --tls-key go together (missing "
-                              f"{missing})")
-        if not (args.scheduler_file or args.workers or args.gpus):
-            args.parser.error("--tls-*: TLS is for a cluster; add --scheduler-file FILE, "
-                              "--workers N or --gpus N")
-        from . import tls
-
-        args.security = tls.security(*files.values(), names=list(files))
+    tls = {"--tls-ca-file": args.tls_ca_file, "--tls-cert": args.tls_cert,
+           "--tls-key": args.tls_key}
+    if any(tls.values()) and not all(tls.values()):
+        args.parser.error("--tls-ca-file, --tls-cert and --tls-key go together (missing "
+                          f"{', '.join(k for k, v in tls.items() if not v)})")
+    if any(tls.values()) and not (args.scheduler_file or args.workers or args.gpus):
+        args.parser.error("--tls-*: TLS is for a cluster; add --scheduler-file FILE, "
+                          "--workers N or --gpus N")
+    args.security = connect.security(*tls.values(), names=list(tls)) if all(tls.values()) \
+        else None
     if protocol and args.protocol is not None and args.gpus is None:
         args.parser.error("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
 
 
 @contextlib.contextmanager
 def _compute_client(args: argparse.Namespace, dashboard: bool = True) -> Iterator[Any]:
-    """The ``distributed.Client`` that a command computes on (a scheduler file's cluster
-    or a local one, whose dashboard goes to stderr where ``dashboard``), or None for
-    Dask's threaded scheduler in this process."""
-    if args.scheduler_file is not None:
-        from distributed import Client
-
-        from . import tls
-
-        if not os.path.isfile(args.scheduler_file):
-            raise CLIError(f"{args.scheduler_file}: no such scheduler file")
-        address = tls.scheduler_tls_address(args.scheduler_file, args.security)
-        if address is not None:  # Dask's own error would speak of an ``ssl_context``
-            raise CLIError(f"{args.scheduler_file}: the scheduler at {address} takes TLS "
-                           "connections only; pass --tls-ca-file, --tls-cert and --tls-key "
-                           "(or set distributed.comm.tls in Dask config)")
-        with Client(scheduler_file=args.scheduler_file, security=args.security) as client:
-            workers = len(client.scheduler_info()["workers"])
-            _err(f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
-                 f"{client.dashboard_link}")
-            yield client
-    elif args.gpus is not None or args.workers is not None:
-        where = {"gpus": args.gpus, "protocol": args.protocol} if args.gpus is not None else \
+    """``connect.client`` of the where-to-run flags, said on stderr (a local cluster's
+    dashboard where ``dashboard``)."""
+    local: dict[str, Any] = {}
+    if args.gpus is not None or args.workers is not None:
+        local = {"host": args.host, "memory_limit": args.memory_limit,
+                 "local_directory": args.local_directory}
+        local |= {"gpus": args.gpus, "protocol": args.protocol} if args.gpus is not None else \
             {"gpus": 0, "n_workers": args.workers, "threads_per_worker": args.threads}
-        with _local_client(args.host, memory_limit=args.memory_limit, security=args.security,
-                           local_directory=args.local_directory, **where) as client:
-            if dashboard:
-                _err(f"dashboard: {client.dashboard_link}")
-            yield client
-    else:
-        yield None
-
-
-def _local_client(host: str, **options: Any) -> Any:
-    """``interrupts.local_client`` on ``src_dask.cluster(host=host, **options)``, its
-    dashboard on a free port (None would take port 8787 all the same)."""
-    from distributed.comm.addressing import unparse_host_port
-
-    import src_dask
-
-    def start() -> Any:
+    with contextlib.ExitStack() as stack:
         try:
-            return src_dask.cluster(host=host, dashboard_address=unparse_host_port(host, 0),
-                                    **options)
+            client = stack.enter_context(connect.client(args.scheduler_file,
+                                                        security=args.security, **local))
         except ValueError as err:
             if "no usable GPU" not in str(err):
                 raise
             raise CLIError("--gpus: no usable GPU here (CuPy and a CUDA device); use "
                            "--workers N for a CPU cluster") from None
-    return local_client(start)
+        if args.scheduler_file is not None:
+            workers = len(client.scheduler_info()["workers"])
+            _err(f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
+                 f"{client.dashboard_link}")
+        elif client is not None and dashboard:
+            _err(f"dashboard: {client.dashboard_link}")
+        yield client
 
 
 @contextlib.contextmanager
 def _log_to_stderr(enabled: bool) -> Iterator[None]:
-    """The ``src_dask`` logger's INFO messages on stderr while the block runs (-v); the
-    handler removed and the level restored afterwards, so ``main`` can run again."""
-    import logging
-
+    """-v: the ``src_dask`` logger's INFO messages on stderr while the block runs, and
+    no handler left behind after it (``main`` may be called again)."""
     handler, logger = logging.StreamHandler(sys.stderr), logging.getLogger("src_dask")
     handler.setFormatter(logging.Formatter("src-dask: %(message)s"))
     level = logger.level
@@ -182,32 +156,21 @@ def _log_to_stderr(enabled: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _open_inputs(paths: Sequence[str]) -> list[Any]:
-    """The trains saved at ``paths`` (``storage.open_trains``), lazily."""
-    from . import storage
-
-    try:
-        return storage.open_trains(*paths)
-    except StoreError as err:
-        if "not a src_dask train" in str(err):
-            raise CLIError(f"{err} or '{PROG} generate'") from None
-        raise
-
-
-# -- the commands ----------------------------------------------------------------------
+# -- the commands; each docstring is its help: the summary line, then the description --
 def demo(args: argparse.Namespace) -> int:
-    """MPO·MPS on a local cluster; the error against the exact product and the time."""
-    import src_dask
-    from src_dask import problems
-    from src_dask.trains import TensorTrain, exact_product
+    """run SRC on a built-in MPO·MPS problem on a local cluster
 
-    # decaying bonds: a compressible product, so the errors are worth reading
-    mpo = problems.random_mpo(args.sites, args.mpo_bond, seed=args.seed, decay=0.5)
-    mps = problems.random_mps(args.sites, args.bond, seed=args.seed + 1, decay=0.9)
+    MPO·MPS with decaying bonds (a compressible product) on a local cluster: prints the
+    dashboard address and, for plain and oversampled SRC, the relative error against the
+    exact product and the time."""
+    from .trains import TensorTrain, exact_product
+
+    mpo = src_dask.problems.random_mpo(args.sites, args.mpo_bond, seed=args.seed, decay=0.5)
+    mps = src_dask.problems.random_mps(args.sites, args.bond, seed=args.seed + 1, decay=0.9)
     mpo, mps = (TensorTrain(t.to_numpy(), t.kind) for t in (mpo, mps))  # in memory
     exact = exact_product(mpo, mps)
-    with _local_client(args.host, gpus=0, n_workers=args.workers,
-                       threads_per_worker=1) as client:
+    with connect.client(host=args.host, gpus=0, n_workers=args.workers,
+                        threads_per_worker=1) as client:
         _out(f"dashboard: {client.dashboard_link}")
         _out(f"problem:   MPO (bond {args.mpo_bond}) · MPS (bond {args.bond}), {args.sites} "
              f"sites, complex128; exact product bond {max(exact.bond_dims)}")
@@ -225,20 +188,34 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    """Write a reference problem (``problems.spec``, ``problems.write``) to ``args.path``."""
-    from dask.utils import format_bytes
+    """write a reference problem (random MPS/MPO, the src-method stack, Heisenberg or Ising
+    MPO) to Zarr
 
-    from . import problems
+    Write a reference problem to PATH with src_dask.save (a Zarr group; PATH appears
+    only once it is completely written).
 
+      mps         random MPS, complex Gaussian, bonds min(--bond, phys^k), norm ~1
+      mpo         random MPO, same, |A x| ~ |x|
+      stack       the src-method stack N·V·M·U: PATH/N, PATH/V, PATH/M, PATH/U;
+                  legs 4x4, bonds --bond, --bond, --dm, --bond, entries
+                  (N(0,1) + i N(0,1))/sqrt(bond*4); drawn site by site, never held
+                  in memory ('src-dask run PATH' takes the four factors in order)
+      heisenberg  spin-1/2 XXZ chain, H = sum j (SxSx + SySy) + jz SzSz - field Sz
+                  (quimb's MPO_ham_heis), exact MPO of bond 5
+      ising       spin-1/2 transverse-field Ising, H = sum j SzSz - field Sx
+                  (quimb's MPO_ham_ising), exact MPO of bond 3
+
+    Spin operators are S = sigma/2. Random problems are the same for the same options and
+    seed."""
+    problems = src_dask.problems
     given = {name: getattr(args, name) for name in problems.SPEC_OPTIONS}
     try:
         spec = problems.spec(args.kind, **{k: v for k, v in given.items() if v is not None})
     except ValueError as err:  # an option that does not apply to the kind
         args.parser.error(str(err))
-    path = os.path.abspath(args.path)
-    _refuse_existing(path, args.overwrite)
     t0 = time.perf_counter()
-    trains = problems.write(spec, path, overwrite=args.overwrite)
+    trains = problems.write(spec, _new(os.path.abspath(args.path), args.overwrite),
+                            overwrite=args.overwrite)
     what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
     _out(f"wrote {what} to {args.path}: {len(next(iter(trains.values())))} sites, "
          f"{spec['dtype']}, {format_bytes(sum(t.nbytes for t in trains.values()))} in "
@@ -247,34 +224,35 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """SRC on saved trains; the result written to ``args.out`` (atomically)."""
-    from dask.utils import format_bytes
+    """compress the product of saved trains with SRC; write the result to Zarr
 
-    import src_dask
-
+    Compress the product TRAIN[0]·TRAIN[1]·… (leftmost first; a stack written by
+    'generate stack' counts as its factors) to bond dimension --chi-out with src_dask.src,
+    and write the result to --out with src_dask.save. The output appears only when the run
+    has finished: a failed or interrupted run leaves nothing at --out. With --store,
+    rerunning the same command resumes an interrupted run."""
     from . import storage
 
     _cluster_flags(args)  # usage errors first
-    out = os.path.realpath(args.out)
-    trains = _open_inputs(args.trains)
-    _refuse_existing(out, args.overwrite)
+    trains = storage.open_trains(*args.trains)
+    out = _new(os.path.realpath(args.out), args.overwrite)
     # --out must not write over (or around) an input or the run store
-    apart = {f"input {t.name}": t for t in trains} | ({} if args.store is None else
-                                                      {"--store": args.store})
+    apart = {f"input {t.name}": t for t in trains} | ({"--store": args.store} if args.store
+                                                      else {})
     storage.check_writable(out, True, apart_from=apart)  # before any work
     if args.report is not None and not (args.workers or args.gpus or args.scheduler_file):
         args.parser.error("--report: Dask's performance report needs a cluster; add "
                           "--workers N, --gpus N or --scheduler-file FILE")
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "seed": args.seed, "chunk": args.chunk}
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
     before = storage.run_progress(args.store)
     with _log_to_stderr(args.verbose), _compute_client(args) as client:
         t0 = time.perf_counter()
         try:
             result = src_dask.src(*trains, **options, client=client, store=args.store,
-                                  overwrite=args.overwrite_store, performance_report=args.report,
-                                  progress=sys.stderr.isatty() if args.progress is None
-                                  else args.progress)
+                                  overwrite=args.overwrite_store, progress=progress,
+                                  performance_report=args.report)
         except OverwriteNeededError as err:  # the API's option is --overwrite-store
             raise CLIError(f"{err.reason}; pass --overwrite-store to replace it") from err
         options["seed"] = result.seed  # drawn by src when not given (a store keeps its own)
@@ -287,38 +265,27 @@ def run(args: argparse.Namespace) -> int:
         _out(before.resumed())
     # the product computed: the factors in order, a bra where an MPS is on the left
     side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"
-    _out(f"wrote {result.kind} ({_product(trains)}, {side}) to {args.out}: {len(result)} sites, "
-         f"max bond {max(result.bond_dims)}, {result.dtype}, {format_bytes(result.nbytes)} in "
-         f"{seconds:.2f} s (seed {options['seed']})"
+    _out(f"wrote {result.kind} ({'·'.join(t.kind.upper() for t in trains)}, {side}) to "
+         f"{args.out}: {len(result)} sites, max bond {max(result.bond_dims)}, {result.dtype}, "
+         f"{format_bytes(result.nbytes)} in {seconds:.2f} s (seed {options['seed']})"
          + ("" if error is None else f"; relative error {error:.3e}"))
     return 0
 
 
-def _product(trains: Sequence[Any]) -> str:
-    return "·".join(t.kind.upper() for t in trains)
-
-
-def distance(args: argparse.Namespace) -> int:
-    """The relative error of a saved result against the product of saved trains."""
-    import src_dask
-
-    _cluster_flags(args, protocol=False)
-    result, *trains = _open_inputs([args.result, *args.trains])
-    with _compute_client(args) as client:
-        error = src_dask.distance(result, *trains, client=client)
-    _out(f"{args.result} against {_product(trains)}: relative error {error:.3e}")
-    return 0
-
-
 def plan(args: argparse.Namespace) -> int:
-    """What ``run`` with the same arguments would need (``src_dask.plan``), printed;
-    nothing is computed or written. A problem that cannot fit is an error (exit 1)."""
+    """say what 'run' would need (memory per worker, disk, FLOPs, tasks); run nothing
+
+    The plan of 'src-dask run' with the same trains and options (src_dask.plan): sketch
+    blocks, projected-core row blocks, the peak memory of each worker (host, and device on
+    GPUs), the environments' bytes, the disk a --store needs, FLOPs per pass and the number
+    of tasks. Nothing is computed; a problem that cannot fit the workers or the disk is
+    refused (exit 1) with the numbers."""
     import dataclasses
 
-    import src_dask
+    from . import storage
 
     _cluster_flags(args)
-    trains = _open_inputs(args.trains)
+    trains = storage.open_trains(*args.trains)
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "chunk": args.chunk, "store": args.store}
     with _compute_client(args, dashboard=False) as client:  # nothing to watch
@@ -327,8 +294,29 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def distance(args: argparse.Namespace) -> int:
+    """the relative error of a saved result against the product of saved trains
+
+    ||RESULT - TRAIN[0]·TRAIN[1]·…|| / ||TRAIN[0]·TRAIN[1]·…||, exactly, by streamed
+    overlaps (src_dask.distance), without forming the product; it resolves errors down to
+    about 1e-7."""
+    from . import storage
+
+    _cluster_flags(args, protocol=False)
+    result, *trains = storage.open_trains(args.result, *args.trains)
+    with _compute_client(args) as client:
+        error = src_dask.distance(result, *trains, client=client)
+    _out(f"{args.result} against {'·'.join(t.kind.upper() for t in trains)}: relative error "
+         f"{error:.3e}")
+    return 0
+
+
 def info(args: argparse.Namespace) -> int:
-    """Describe a saved train, a stack of trains, or a run store (``storage.describe``)."""
+    """describe a saved train, a stack or a run store
+
+    For a train: kind, sites, bond and physical dimensions, dtype and size. For a stack:
+    each factor. For a run store: the run's options and inputs, its progress (pass 1 blocks
+    done, pass 2 next site), whether it is complete, and the bytes it plans to use."""
     from . import storage
 
     if not os.path.exists(args.path):
@@ -350,7 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         forget(err)
-        _err("interrupted" + _where_it_stopped(getattr(args, "store", None)))
+        from . import storage
+
+        progress = storage.run_progress(getattr(args, "store", None))  # where it keeps it
+        _err("interrupted" + ("" if progress is None else " " + progress.stopped()))
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -365,204 +356,132 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _where_it_stopped(store: str | None) -> str:
-    """What an interrupted ``run --store`` keeps (``storage.run_progress``), or ""."""
-    if store is None:
-        return ""
-    from . import storage
-
-    progress = storage.run_progress(store)
-    return "" if progress is None else " " + progress.stopped()
-
-
 # -- the parser: the options of each command, as tables ------------------------------------
-_N = {"type": _positive_int, "metavar": "N"}
+def _o(flags: str, help: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:  # noqa: A002
+    """One option: its flags (space-separated) and ``add_argument``'s keywords."""
+    return flags, {"help": help, **kwargs}
+
+
+_N, _INT = {"type": _positive_int, "metavar": "N"}, {"type": _positive_int}
+_SEED, _FLAG = {"type": _non_negative_int, "metavar": "N"}, {"action": "store_true"}
+_JSON = _o("--json", "print JSON instead of text", **_FLAG)
 _PROBLEM = [  # the trains and the options of ``src`` that run and plan share
-    ("trains", {"nargs": "+", "metavar": "TRAIN",
-                "help": "saved trains (src_dask.save / 'src-dask generate'), leftmost first"}),
-    ("--chi-out", {**_N, "required": True, "help": "bond dimension of the result"}),
-    ("--oversample", {"type": _oversample, "default": 0, "metavar": "N|auto", "help":
-                      "extra sketch columns, or 'auto' = max(ceil(chi_out/2), 10); with N > 0 "
-                      "the result is rounded exactly to chi_out (default 0)"}),
-    ("--cutoff", {"type": _cutoff, "default": 0.0, "metavar": "X",
-                  "help": "relative singular-value threshold in [0, 1) (default 0)"}),
-    ("--dtype", {"choices": DTYPES,
-                 "help": "working and output dtype (default: promoted from the inputs)"}),
-    ("--chunk", {**_N, "help": "sketch columns per block (default: one block per worker "
-                 "thread, none over 256 MiB)"}),
-]
-_WHERE = [  # mutually exclusive: where a command computes
-    ("--scheduler-file", {"metavar": "FILE",
-                          "help": "connect to the Dask cluster of this scheduler file"}),
-    ("--gpus", {**_N, "help": "start a local dask-cuda cluster on N GPUs (src_dask.cluster)"}),
-    ("--workers", {**_N, "help": "start a local CPU cluster of N worker processes"}),
-]
+    _o("trains", "saved trains (src_dask.save / 'src-dask generate'), leftmost first",
+       nargs="+", metavar="TRAIN"),
+    _o("--chi-out", "bond dimension of the result", required=True, **_N),
+    _o("--oversample", "extra sketch columns, or 'auto' = max(ceil(chi_out/2), 10); with N > 0 "
+       "the result is rounded exactly to chi_out (default 0)", type=_oversample, default=0,
+       metavar="N|auto"),
+    _o("--cutoff", "relative singular-value threshold in [0, 1) (default 0)", type=_cutoff,
+       default=0.0, metavar="X"),
+    _o("--dtype", "working and output dtype (default: promoted from the inputs)", choices=DTYPES),
+    _o("--chunk", "sketch columns per block (default: one block per worker thread, none over "
+       "256 MiB)", **_N)]
+_WHERE = ("where it runs", "--scheduler-file: a running cluster; --gpus or --workers: a local "
+          "cluster (for plan, started only to ask its workers what they have); none of them: "
+          "Dask's threaded scheduler in this process.", [
+              _o("--scheduler-file", "connect to the Dask cluster of this scheduler file",
+                 metavar="FILE"),
+              _o("--gpus", "start a local dask-cuda cluster on N GPUs (src_dask.cluster)", **_N),
+              _o("--workers", "start a local CPU cluster of N worker processes", **_N)])
 _LOCAL = [  # how the local cluster is set up
-    ("--threads", {**_N, "help": "--workers: threads per worker (default 1)"}),
-    ("--protocol", {"choices": ("ucx", "tcp"), "default": None, "help": "--gpus: how the GPUs "
-                    "talk (default: ucx on several GPUs when it is installed, at NVLink speed, "
-                    "but it listens on every network interface without authentication; tcp "
-                    "stays on --host, at about 1 GB/s)"}),
-    ("--memory-limit", {"metavar": "BYTES", "help": "--gpus/--workers: host memory per worker "
-                        "before spilling to disk (default auto)"}),
-    ("--local-directory", {"metavar": "DIR", "help": "--gpus/--workers: under which folder "
-                           "workers spill to disk (in a fresh subfolder only you can enter; "
-                           "default: the temporary directory)"}),
-    ("--host", {"default": "127.0.0.1", "metavar": "ADDR", "help": "--gpus/--workers: address "
-                "the scheduler, workers and dashboard listen on (default 127.0.0.1: this "
-                "machine only; 0.0.0.0 opens them to the network: add TLS)"}),
-]
-_TLS = [("--tls-ca-file", {"metavar": "PEM", "help": "the certificate authority's certificate"}),
-        ("--tls-cert", {"metavar": "PEM", "help": "this side's certificate (signed by the CA)"}),
-        ("--tls-key", {"metavar": "PEM", "help": "its private key"})]
-_TLS_HELP = ("Encrypt and authenticate the connections to the scheduler and between workers "
-             "(--scheduler-file: the cluster's certificates; --gpus/--workers: the local "
-             "cluster uses them). Give all three; without them, Dask config "
-             "(distributed.comm.tls) decides.")
-_FLAG = {"action": "store_true"}
-_JSON = ("--json", {**_FLAG, "help": "print JSON instead of text"})
-_DEMO = [
-    ("--sites", {"type": _positive_int, "default": 40, "help": "sites (default 40)"}),
-    ("--bond", {"type": _positive_int, "default": 64, "help": "MPS bond dimension (default 64)"}),
-    ("--mpo-bond", {"type": _positive_int, "default": 4,
-                    "help": "MPO bond dimension (default 4)"}),
-    ("--chi-out", {"type": _positive_int, "default": 64,
-                   "help": "bond dimension of the result (default 64)"}),
-    ("--workers", {"type": _positive_int, "default": 2,
-                   "help": "worker processes of the local cluster (default 2)"}),
-    ("--seed", {"type": _non_negative_int, "default": 0, "help": "seed (default 0)"}),
-    ("--wait", {**_FLAG, "help": "keep the dashboard up until Enter"}),
-    ("--host", {"default": "127.0.0.1", "metavar": "ADDR", "help": "address the cluster and its "
-                "dashboard listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens them "
-                "to the network)"}),
-]
-_GENERATE = [
-    ("kind", {"choices": KINDS, "metavar": "KIND", "help": "mps, mpo, stack, heisenberg or ising"}),
-    ("path", {"metavar": "PATH", "help": "where to write (a Zarr group)"}),
-    ("--sites", {**_N, "help": "number of sites (default 50)"}),
-    ("--bond", {**_N, "help": "bond dimension (mps 64, mpo 4; stack: of N, V and U, 4)"}),
-    ("--phys", {**_N, "help": "physical dimension (mps, mpo 2; stack 4)"}),
-    ("--dm", {**_N, "help": "stack: bond D_M of M (default 1000)"}),
-    ("--seed", {"type": _non_negative_int, "metavar": "N", "help": "random problems: seed "
-                "(default 0; the stack's factor i uses seed+i)"}),
-    ("--dtype", {"choices": DTYPES, "help": "dtype of the cores"}),
-    ("--j", {"type": float, "help": "Hamiltonians: coupling (default 1; > 0 is "
-             "antiferromagnetic)"}),
-    ("--jz", {"type": float, "help": "heisenberg: ZZ coupling (default --j; XXZ anisotropy)"}),
-    ("--field", {"type": float, "help": "Hamiltonians: field, bz for heisenberg, bx for ising "
-                 "(default 0)"}),
-    ("--overwrite", {**_FLAG, "help": "replace PATH if it holds a src_dask train or stack"}),
-]
-_RUN = [
-    ("--store", {"metavar": "DIR", "help": "run store (Zarr) for environments and progress: "
-                 "bounded memory, resumable"}),
-    ("--out", {"required": True, "metavar": "PATH", "help": "where to write the result"}),
-    ("--seed", {"type": _non_negative_int, "metavar": "N", "help": "seed of the sketch "
-                "(default: a fresh one, printed and recorded with the output; with --store, "
-                "the store's)"}),
-    ("--overwrite", {**_FLAG, "help": "replace --out if it holds a src_dask train"}),
-    ("--progress", {"action": argparse.BooleanOptionalAction, "help": "a progress bar by pass "
-                    "and site on stderr (default: when stderr is a terminal)"}),
-    ("--report", {"metavar": "HTML", "help": "write Dask's performance report of the run to "
-                  "this HTML file (needs --workers, --gpus or --scheduler-file)"}),
-    ("-v --verbose", {**_FLAG, "help": "log what the run does (problem, sketch, device) on "
-                      "stderr"}),
-    ("--overwrite-store", {**_FLAG, "help": "replace a --store that holds a run of other "
-                           "inputs or options (a store of the same run is resumed, not "
-                           "replaced)"}),
-    ("--check", {**_FLAG, "help": "also print the result's relative error against the exact "
-                 "product (src_dask.distance: streamed overlaps, about as dear as the run)"}),
-]
-_PLAN = [("--store", {"metavar": "DIR", "help": "plan a run with a run store there (its disk "
-                      "is checked)"}), _JSON]
-_DISTANCE = [("result", {"metavar": "RESULT", "help": "a saved train (e.g. run's --out)"}),
-             ("trains", {"nargs": "+", "metavar": "TRAIN",
-                         "help": "the factors as given to run, leftmost first"})]
-_INFO = [("path", {"metavar": "PATH", "help": "a saved train, stack or run store"}), _JSON]
-_GENERATE_KINDS = """\
-  mps         random MPS, complex Gaussian, bonds min(--bond, phys^k), norm ~1
-  mpo         random MPO, same, |A x| ~ |x|
-  stack       the src-method stack N·V·M·U: PATH/N, PATH/V, PATH/M, PATH/U;
-              legs 4x4, bonds --bond, --bond, --dm, --bond, entries
-              (N(0,1) + i N(0,1))/sqrt(bond*4); drawn site by site, never held
-              in memory ('src-dask run PATH' takes the four factors in order)
-  heisenberg  spin-1/2 XXZ chain, H = sum j (SxSx + SySy) + jz SzSz - field Sz
-              (quimb's MPO_ham_heis), exact MPO of bond 5
-  ising       spin-1/2 transverse-field Ising, H = sum j SzSz - field Sx
-              (quimb's MPO_ham_ising), exact MPO of bond 3"""
-_WHERE_TEXT = ("--scheduler-file (a running cluster), --gpus (a local dask-cuda cluster, one "
-               "worker per GPU), --workers (a local CPU cluster), else Dask's threaded "
-               "scheduler in this process.")
-#: Each command: its function, one line of help, its description's paragraphs (prose is
-#: filled to 79 columns, indented blocks kept), its options; ``cluster``: where it runs.
-_COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str, list[str], list, bool]] = {
-    "demo": (demo, "run SRC on a built-in MPO·MPS problem on a local cluster", [
-        "MPO·MPS with decaying bonds (a compressible product) on a local cluster: prints the "
-        "dashboard address and, for plain and oversampled SRC, the relative error against the "
-        "exact product and the time."], _DEMO, False),
-    "generate": (generate, "write a reference problem (random MPS/MPO, the src-method stack, "
-                 "Heisenberg or Ising MPO) to Zarr", [
-        "Write a reference problem to PATH with src_dask.save (a Zarr group; PATH appears only "
-        "once it is completely written).", _GENERATE_KINDS,
-        "Spin operators are S = sigma/2. Random problems are the same for the same options and "
-        "seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 (12 GB); complex128 "
-        "for random problems, float64 for Hamiltonians."], _GENERATE, False),
-    "run": (run, "compress the product of saved trains with SRC; write the result to Zarr", [
-        "Compress the product TRAIN[0]·TRAIN[1]·… (leftmost first; a stack written by "
-        "'generate stack' counts as its factors) to bond dimension --chi-out with src_dask.src, "
-        "and write the result to --out with src_dask.save. The output appears only when the run "
-        "has finished: a failed or interrupted run leaves nothing at --out. With --store, "
-        "rerunning the same command resumes an interrupted run.",
-        "Where it runs: " + _WHERE_TEXT], _PROBLEM + _RUN, True),
-    "plan": (plan, "say what 'run' would need (memory per worker, disk, FLOPs, tasks); run "
-             "nothing", [
-        "The plan of 'src-dask run' with the same trains and options (src_dask.plan): sketch "
-        "blocks, projected-core row blocks, the peak memory of each worker (host, and device on "
-        "GPUs), the environments' bytes, the disk a --store needs, FLOPs per pass and the "
-        "number of tasks. Nothing is computed; a problem that cannot fit the workers or the "
-        "disk is refused (exit 1) with the numbers.",
-        "The workers planned for: --scheduler-file (a running cluster), --gpus or --workers (a "
-        "local cluster, started to ask its workers what they have), else Dask's threaded "
-        "scheduler in this process."], _PROBLEM + _PLAN, True),
-    "distance": (distance, "the relative error of a saved result against the product of saved "
-                 "trains", [
-        "||RESULT - TRAIN[0]·TRAIN[1]·…|| / ||TRAIN[0]·TRAIN[1]·…||, exactly, by streamed "
-        "overlaps (src_dask.distance), without forming the product; it resolves errors down to "
-        "about 1e-7."], _DISTANCE, True),
-    "info": (info, "describe a saved train, a stack or a run store", [
-        "For a train: kind, sites, bond and physical dimensions, dtype and size. For a stack: "
-        "each factor. For a run store: the run's options and inputs, its progress (pass 1 "
-        "blocks done, pass 2 next site), whether it is complete, and the bytes it plans to "
-        "use."], _INFO, False),
+    _o("--threads", "--workers: threads per worker (default 1)", **_N),
+    _o("--protocol", "--gpus: how the GPUs talk (default: ucx on several GPUs when it is "
+       "installed, at NVLink speed, but it listens on every network interface without "
+       "authentication; tcp stays on --host, at about 1 GB/s)", choices=("ucx", "tcp")),
+    _o("--memory-limit", "--gpus/--workers: host memory per worker before spilling to disk "
+       "(default auto)", metavar="BYTES"),
+    _o("--local-directory", "--gpus/--workers: under which folder workers spill to disk (in a "
+       "fresh subfolder only you can enter; default: the temporary directory)", metavar="DIR"),
+    _o("--host", "--gpus/--workers: address the scheduler, workers and dashboard listen on "
+       "(default 127.0.0.1: this machine only; 0.0.0.0 opens them to the network: add TLS)",
+       default="127.0.0.1", metavar="ADDR")]
+_TLS = ("TLS", "Encrypt and authenticate the connections to the scheduler and between workers "
+        "(--scheduler-file: the cluster's certificates; --gpus/--workers: the local cluster "
+        "uses them). Give all three; without them, Dask config (distributed.comm.tls) decides.",
+        [_o("--tls-ca-file", "the certificate authority's certificate", metavar="PEM"),
+         _o("--tls-cert", "this side's certificate (signed by the CA)", metavar="PEM"),
+         _o("--tls-key", "its private key", metavar="PEM")])
+#: Each command's own options, and whether it takes those of _WHERE, _LOCAL and _TLS.
+_COMMANDS: dict[Callable[[argparse.Namespace], int], tuple[list, bool]] = {
+    demo: ([_o("--sites", "sites (default 40)", **_INT, default=40),
+            _o("--bond", "MPS bond dimension (default 64)", **_INT, default=64),
+            _o("--mpo-bond", "MPO bond dimension (default 4)", **_INT, default=4),
+            _o("--chi-out", "bond dimension of the result (default 64)", **_INT, default=64),
+            _o("--workers", "worker processes of the local cluster (default 2)", **_INT,
+               default=2),
+            _o("--seed", "seed (default 0)", type=_non_negative_int, default=0),
+            _o("--wait", "keep the dashboard up until Enter", **_FLAG),
+            _o("--host", "address the cluster and its dashboard listen on (default 127.0.0.1: "
+               "this machine only; 0.0.0.0 opens them to the network)", default="127.0.0.1",
+               metavar="ADDR")], False),
+    generate: ([
+        _o("kind", "mps, mpo, stack, heisenberg or ising", choices=KINDS, metavar="KIND"),
+        _o("path", "where to write (a Zarr group)", metavar="PATH"),
+        _o("--sites", "number of sites (default 50)", **_N),
+        _o("--bond", "bond dimension (mps 64, mpo 4; stack: of N, V and U, 4)", **_N),
+        _o("--phys", "physical dimension (mps, mpo 2; stack 4)", **_N),
+        _o("--dm", "stack: bond D_M of M (default 1000: 12 GB)", **_N),
+        _o("--seed", "random problems: seed (default 0; the stack's factor i uses seed+i)",
+           **_SEED),
+        _o("--dtype", "dtype of the cores (default complex128; Hamiltonians float64)",
+           choices=DTYPES),
+        _o("--j", "Hamiltonians: coupling (default 1; > 0 is antiferromagnetic)", type=float),
+        _o("--jz", "heisenberg: ZZ coupling (default --j; XXZ anisotropy)", type=float),
+        _o("--field", "Hamiltonians: field, bz for heisenberg, bx for ising (default 0)",
+           type=float),
+        _o("--overwrite", "replace PATH if it holds a src_dask train or stack", **_FLAG)], False),
+    run: ([
+        *_PROBLEM,
+        _o("--store", "run store (Zarr) for environments and progress: bounded memory, "
+           "resumable", metavar="DIR"),
+        _o("--out", "where to write the result", required=True, metavar="PATH"),
+        _o("--seed", "seed of the sketch (default: a fresh one, printed and recorded with the "
+           "output; with --store, the store's)", **_SEED),
+        _o("--overwrite", "replace --out if it holds a src_dask train", **_FLAG),
+        _o("--progress", "a progress bar by pass and site on stderr (default: when stderr is a "
+           "terminal)", action=argparse.BooleanOptionalAction),
+        _o("--report", "write Dask's performance report of the run to this HTML file (needs "
+           "--workers, --gpus or --scheduler-file)", metavar="HTML"),
+        _o("-v --verbose", "log what the run does (problem, sketch, device) on stderr", **_FLAG),
+        _o("--overwrite-store", "replace a --store that holds a run of other inputs or options "
+           "(a store of the same run is resumed, not replaced)", **_FLAG),
+        _o("--check", "also print the result's relative error against the exact product "
+           "(src_dask.distance: streamed overlaps, about as dear as the run)", **_FLAG)], True),
+    plan: ([*_PROBLEM, _o("--store", "plan a run with a run store there (its disk is checked)",
+                          metavar="DIR"), _JSON], True),
+    distance: ([_o("result", "a saved train (e.g. run's --out)", metavar="RESULT"),
+                _o("trains", "the factors as given to run, leftmost first", nargs="+",
+                   metavar="TRAIN")], True),
+    info: ([_o("path", "a saved train, stack or run store", metavar="PATH"), _JSON], False),
 }
 
 
-def _add(p: Any, options: list) -> None:
-    for flags, kwargs in options:
-        p.add_argument(*flags.split(), **kwargs)
-
-
 def _parser() -> argparse.ArgumentParser:
-    """The command line's parser: one subcommand per entry of :data:`_COMMANDS`."""
-    import textwrap
-
+    """The command line's parser: a subcommand per entry of :data:`_COMMANDS`, its help
+    the command's docstring (prose filled to 79 columns, indented tables kept)."""
     from . import __version__
 
-    fmt = argparse.RawDescriptionHelpFormatter  # help text as written: prose filled here
+    fmt = argparse.RawDescriptionHelpFormatter
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (for developers)")
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=fmt)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (func, help, description, options, cluster) in _COMMANDS.items():
-        text = "\n\n".join(d if d.startswith("  ") else textwrap.fill(d, 79) for d in description)
-        p = sub.add_parser(name, parents=[common], formatter_class=fmt, help=help,
-                           description=text)
-        _add(p, options)
+    for func, (options, cluster) in _COMMANDS.items():
+        summary, *paragraphs = textwrap.dedent("    " + (func.__doc__ or "")).split("\n\n")
+        text = "\n\n".join(t if t.startswith("  ") else textwrap.fill(" ".join(t.split()), 79)
+                           for t in paragraphs)
+        p = sub.add_parser(func.__name__, parents=[common], formatter_class=fmt,
+                           help=" ".join(summary.split()), description=text)
+        tables = [(p, options)]
         if cluster:
-            _add(p.add_mutually_exclusive_group(), _WHERE)
-            _add(p, _LOCAL)
-            _add(p.add_argument_group("TLS", _TLS_HELP), _TLS)
+            where = p.add_argument_group(*_WHERE[:2])
+            tables += [(where.add_mutually_exclusive_group(), _WHERE[2]), (where, _LOCAL),
+                       (p.add_argument_group(*_TLS[:2]), _TLS[2])]
+        for group, table in tables:
+            for flags, kwargs in table:
+                group.add_argument(*flags.split(), **kwargs)
         p.set_defaults(func=func, parser=p)
     return parser

@@ -130,7 +130,8 @@ def open_trains(*paths: str | os.PathLike) -> list[TensorTrain]:
             raise StoreError(f"{path}: is a run store, not a train (a run's result is "
                              "what src returns; save it with src_dask.save)")
         else:
-            raise StoreError(f"{path}: not a src_dask train (write one with src_dask.save)")
+            raise StoreError(f"{path}: not a src_dask train (write one with src_dask.save) or "
+                             "'src-dask generate'")
     return trains
 
 
