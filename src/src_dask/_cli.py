@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 import textwrap
@@ -52,11 +51,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _out(line: str) -> None:
-    sys.stdout.write(line + "\n")
-
-
-def _err(line: str) -> None:
+def _say(line: str, err: bool = False) -> None:
+    """A line of output on stdout, or (``err``) of news on stderr, ``src-dask:`` first."""
+    if not err:
+        sys.stdout.write(line + "\n")
+        return
     sys.stderr.write(f"{PROG}: {line}\n")
     sys.stderr.flush()
 
@@ -78,6 +77,13 @@ _oversample = _typed(lambda t: t if t == "auto" else int(t), lambda v: v == "aut
 _cutoff = _typed(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
+def _storage() -> Any:
+    """``src_dask.storage``, imported when a command needs it (it imports NumPy)."""
+    from . import storage
+
+    return storage
+
+
 def _new(path: str, overwrite: bool) -> str:
     """``path``, refused before any work where something is there without --overwrite."""
     if os.path.lexists(path) and not overwrite:
@@ -86,7 +92,7 @@ def _new(path: str, overwrite: bool) -> str:
 
 
 def _cluster_flags(args: argparse.Namespace, protocol: bool = True) -> None:
-    """Usage errors of where-to-run flags that do not go together; their defaults, and
+    """Where-to-run flags that do not go together (usage errors); their defaults, and
     ``args.security`` (``connect.security`` of the --tls-* files)."""
     local = args.workers is not None or args.gpus is not None
     for flag in ("--threads", "--memory-limit", "--local-directory"):
@@ -113,8 +119,8 @@ def _cluster_flags(args: argparse.Namespace, protocol: bool = True) -> None:
 
 @contextlib.contextmanager
 def _compute_client(args: argparse.Namespace, dashboard: bool = True) -> Iterator[Any]:
-    """``connect.client`` of the where-to-run flags, said on stderr (a local cluster's
-    dashboard where ``dashboard``)."""
+    """``connect.client`` of the where-to-run flags, said on stderr (``dashboard``: a
+    local cluster's dashboard too)."""
     local: dict[str, Any] = {}
     if args.gpus is not None or args.workers is not None:
         local = {"host": args.host, "memory_limit": args.memory_limit,
@@ -132,10 +138,10 @@ def _compute_client(args: argparse.Namespace, dashboard: bool = True) -> Iterato
                            "--workers N for a CPU cluster") from None
         if args.scheduler_file is not None:
             workers = len(client.scheduler_info()["workers"])
-            _err(f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
-                 f"{client.dashboard_link}")
+            _say(f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
+                 f"{client.dashboard_link}", err=True)
         elif client is not None and dashboard:
-            _err(f"dashboard: {client.dashboard_link}")
+            _say(f"dashboard: {client.dashboard_link}", err=True)
         yield client
 
 
@@ -163,25 +169,24 @@ def demo(args: argparse.Namespace) -> int:
     MPO·MPS with decaying bonds (a compressible product) on a local cluster: prints the
     dashboard address and, for plain and oversampled SRC, the relative error against the
     exact product and the time."""
-    from .trains import TensorTrain, exact_product
+    from .trains import TensorTrain
 
     mpo = src_dask.problems.random_mpo(args.sites, args.mpo_bond, seed=args.seed, decay=0.5)
     mps = src_dask.problems.random_mps(args.sites, args.bond, seed=args.seed + 1, decay=0.9)
     mpo, mps = (TensorTrain(t.to_numpy(), t.kind) for t in (mpo, mps))  # in memory
-    exact = exact_product(mpo, mps)
+    exact = max(a * b for a, b in zip(mpo.bond_dims, mps.bond_dims, strict=True))
     with connect.client(host=args.host, gpus=0, n_workers=args.workers,
                         threads_per_worker=1) as client:
-        _out(f"dashboard: {client.dashboard_link}")
-        _out(f"problem:   MPO (bond {args.mpo_bond}) · MPS (bond {args.bond}), {args.sites} "
-             f"sites, complex128; exact product bond {max(exact.bond_dims)}")
+        _say(f"dashboard: {client.dashboard_link}")
+        _say(f"problem:   MPO (bond {args.mpo_bond}) · MPS (bond {args.bond}), {args.sites} "
+             f"sites, complex128; exact product bond {exact}")
         for oversample in (0, "auto"):
             t0 = time.perf_counter()
             y = src_dask.apply(mpo, mps, args.chi_out, oversample=oversample, seed=args.seed,
                                client=client)
             dt = time.perf_counter() - t0
-            diff = y.norm() ** 2 + exact.norm() ** 2 - 2 * y.vdot(exact).real
-            _out(f"chi_out={args.chi_out:<4d} oversample={oversample!s:<5} relative error "
-                 f"{math.sqrt(max(diff, 0.0)) / exact.norm():.3e}   time {dt:6.2f} s")
+            _say(f"chi_out={args.chi_out:<4d} oversample={oversample!s:<5} relative error "
+                 f"{src_dask.distance(y, mpo, mps, client=client):.3e}   time {dt:6.2f} s")
         if args.wait:
             input("press Enter to stop the cluster ")
     return 0
@@ -191,8 +196,8 @@ def generate(args: argparse.Namespace) -> int:
     """write a reference problem (random MPS/MPO, the src-method stack, Heisenberg or Ising
     MPO) to Zarr
 
-    Write a reference problem to PATH with src_dask.save (a Zarr group; PATH appears
-    only once it is completely written).
+    Write a reference problem to PATH with src_dask.save (a Zarr group; PATH appears only
+    once it is completely written).
 
       mps         random MPS, complex Gaussian, bonds min(--bond, phys^k), norm ~1
       mpo         random MPO, same, |A x| ~ |x|
@@ -206,18 +211,19 @@ def generate(args: argparse.Namespace) -> int:
                   (quimb's MPO_ham_ising), exact MPO of bond 3
 
     Spin operators are S = sigma/2. Random problems are the same for the same options and
-    seed."""
+    seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 (12 GB); complex128
+    for random problems, float64 for Hamiltonians."""
     problems = src_dask.problems
-    given = {name: getattr(args, name) for name in problems.SPEC_OPTIONS}
     try:
-        spec = problems.spec(args.kind, **{k: v for k, v in given.items() if v is not None})
+        spec = problems.spec(args.kind, **{k: v for k in problems.SPEC_OPTIONS
+                                           if (v := getattr(args, k)) is not None})
     except ValueError as err:  # an option that does not apply to the kind
         args.parser.error(str(err))
     t0 = time.perf_counter()
     trains = problems.write(spec, _new(os.path.abspath(args.path), args.overwrite),
                             overwrite=args.overwrite)
     what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
-    _out(f"wrote {what} to {args.path}: {len(next(iter(trains.values())))} sites, "
+    _say(f"wrote {what} to {args.path}: {len(next(iter(trains.values())))} sites, "
          f"{spec['dtype']}, {format_bytes(sum(t.nbytes for t in trains.values()))} in "
          f"{time.perf_counter() - t0:.1f} s")
     return 0
@@ -226,13 +232,16 @@ def generate(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """compress the product of saved trains with SRC; write the result to Zarr
 
-    Compress the product TRAIN[0]·TRAIN[1]·… (leftmost first; a stack written by
-    'generate stack' counts as its factors) to bond dimension --chi-out with src_dask.src,
-    and write the result to --out with src_dask.save. The output appears only when the run
-    has finished: a failed or interrupted run leaves nothing at --out. With --store,
-    rerunning the same command resumes an interrupted run."""
-    from . import storage
+    Compress the product TRAIN[0]·TRAIN[1]·… (leftmost first; a stack written by 'generate
+    stack' counts as its factors) to bond dimension --chi-out with src_dask.src, and write
+    the result to --out with src_dask.save. The output appears only when the run has
+    finished: a failed or interrupted run leaves nothing at --out. With --store, rerunning
+    the same command resumes an interrupted run.
 
+    Where it runs: --scheduler-file (a running cluster), --gpus (a local dask-cuda cluster,
+    one worker per GPU), --workers (a local CPU cluster), else Dask's threaded scheduler in
+    this process."""
+    storage = _storage()
     _cluster_flags(args)  # usage errors first
     trains = storage.open_trains(*args.trains)
     out = _new(os.path.realpath(args.out), args.overwrite)
@@ -262,10 +271,10 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - t0
         error = src_dask.distance(result, *trains, client=client) if args.check else None
     if before is not None and before.resumed():
-        _out(before.resumed())
+        _say(before.resumed())
     # the product computed: the factors in order, a bra where an MPS is on the left
     side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"
-    _out(f"wrote {result.kind} ({'·'.join(t.kind.upper() for t in trains)}, {side}) to "
+    _say(f"wrote {result.kind} ({'·'.join(t.kind.upper() for t in trains)}, {side}) to "
          f"{args.out}: {len(result)} sites, max bond {max(result.bond_dims)}, {result.dtype}, "
          f"{format_bytes(result.nbytes)} in {seconds:.2f} s (seed {options['seed']})"
          + ("" if error is None else f"; relative error {error:.3e}"))
@@ -279,18 +288,20 @@ def plan(args: argparse.Namespace) -> int:
     blocks, projected-core row blocks, the peak memory of each worker (host, and device on
     GPUs), the environments' bytes, the disk a --store needs, FLOPs per pass and the number
     of tasks. Nothing is computed; a problem that cannot fit the workers or the disk is
-    refused (exit 1) with the numbers."""
+    refused (exit 1) with the numbers.
+
+    The workers planned for: --scheduler-file (a running cluster), --gpus or --workers (a
+    local cluster, started to ask its workers what they have), else Dask's threaded
+    scheduler in this process."""
     import dataclasses
 
-    from . import storage
-
     _cluster_flags(args)
-    trains = storage.open_trains(*args.trains)
+    trains = _storage().open_trains(*args.trains)
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "chunk": args.chunk, "store": args.store}
     with _compute_client(args, dashboard=False) as client:  # nothing to watch
         result = src_dask.plan(*trains, **options, client=client)
-    _out(json.dumps(dataclasses.asdict(result), indent=1) if args.json else str(result))
+    _say(json.dumps(dataclasses.asdict(result), indent=1) if args.json else str(result))
     return 0
 
 
@@ -300,13 +311,11 @@ def distance(args: argparse.Namespace) -> int:
     ||RESULT - TRAIN[0]·TRAIN[1]·…|| / ||TRAIN[0]·TRAIN[1]·…||, exactly, by streamed
     overlaps (src_dask.distance), without forming the product; it resolves errors down to
     about 1e-7."""
-    from . import storage
-
     _cluster_flags(args, protocol=False)
-    result, *trains = storage.open_trains(args.result, *args.trains)
+    result, *trains = _storage().open_trains(args.result, *args.trains)
     with _compute_client(args) as client:
         error = src_dask.distance(result, *trains, client=client)
-    _out(f"{args.result} against {'·'.join(t.kind.upper() for t in trains)}: relative error "
+    _say(f"{args.result} against {'·'.join(t.kind.upper() for t in trains)}: relative error "
          f"{error:.3e}")
     return 0
 
@@ -317,12 +326,10 @@ def info(args: argparse.Namespace) -> int:
     For a train: kind, sites, bond and physical dimensions, dtype and size. For a stack:
     each factor. For a run store: the run's options and inputs, its progress (pass 1 blocks
     done, pass 2 next site), whether it is complete, and the bytes it plans to use."""
-    from . import storage
-
     if not os.path.exists(args.path):
         raise CLIError(f"{args.path}: no such file or directory")
-    data = storage.describe(args.path)
-    _out(json.dumps(data, indent=2) if args.json else str(data))
+    data = _storage().describe(args.path)
+    _say(json.dumps(data, indent=2) if args.json else str(data))
     return 0
 
 
@@ -338,10 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         forget(err)
-        from . import storage
-
-        progress = storage.run_progress(getattr(args, "store", None))  # where it keeps it
-        _err("interrupted" + ("" if progress is None else " " + progress.stopped()))
+        progress = _storage().run_progress(getattr(args, "store", None))  # where it stopped
+        _say("interrupted" + ("" if progress is None else " " + progress.stopped()), err=True)
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -350,9 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         msg = " ".join(str(err).split()) or type(err).__name__  # one line, typed if unclear
-        plain = (CLIError, ValueError, TypeError, OSError, RuntimeError, FloatingPointError,
-                 MemoryError)
-        _err(f"error: {msg if isinstance(err, plain) else f'{type(err).__name__}: {msg}'}")
+        plain = isinstance(err, (CLIError, ValueError, TypeError, OSError, RuntimeError,
+                                 FloatingPointError, MemoryError))
+        _say(f"error: {msg if plain else f'{type(err).__name__}: {msg}'}", err=True)
         return 1
 
 
@@ -377,13 +382,10 @@ _PROBLEM = [  # the trains and the options of ``src`` that run and plan share
     _o("--dtype", "working and output dtype (default: promoted from the inputs)", choices=DTYPES),
     _o("--chunk", "sketch columns per block (default: one block per worker thread, none over "
        "256 MiB)", **_N)]
-_WHERE = ("where it runs", "--scheduler-file: a running cluster; --gpus or --workers: a local "
-          "cluster (for plan, started only to ask its workers what they have); none of them: "
-          "Dask's threaded scheduler in this process.", [
-              _o("--scheduler-file", "connect to the Dask cluster of this scheduler file",
-                 metavar="FILE"),
-              _o("--gpus", "start a local dask-cuda cluster on N GPUs (src_dask.cluster)", **_N),
-              _o("--workers", "start a local CPU cluster of N worker processes", **_N)])
+_WHERE = [  # mutually exclusive: where a command computes
+    _o("--scheduler-file", "connect to the Dask cluster of this scheduler file", metavar="FILE"),
+    _o("--gpus", "start a local dask-cuda cluster on N GPUs (src_dask.cluster)", **_N),
+    _o("--workers", "start a local CPU cluster of N worker processes", **_N)]
 _LOCAL = [  # how the local cluster is set up
     _o("--threads", "--workers: threads per worker (default 1)", **_N),
     _o("--protocol", "--gpus: how the GPUs talk (default: ucx on several GPUs when it is "
@@ -421,11 +423,10 @@ _COMMANDS: dict[Callable[[argparse.Namespace], int], tuple[list, bool]] = {
         _o("--sites", "number of sites (default 50)", **_N),
         _o("--bond", "bond dimension (mps 64, mpo 4; stack: of N, V and U, 4)", **_N),
         _o("--phys", "physical dimension (mps, mpo 2; stack 4)", **_N),
-        _o("--dm", "stack: bond D_M of M (default 1000: 12 GB)", **_N),
+        _o("--dm", "stack: bond D_M of M (default 1000)", **_N),
         _o("--seed", "random problems: seed (default 0; the stack's factor i uses seed+i)",
            **_SEED),
-        _o("--dtype", "dtype of the cores (default complex128; Hamiltonians float64)",
-           choices=DTYPES),
+        _o("--dtype", "dtype of the cores", choices=DTYPES),
         _o("--j", "Hamiltonians: coupling (default 1; > 0 is antiferromagnetic)", type=float),
         _o("--jz", "heisenberg: ZZ coupling (default --j; XXZ anisotropy)", type=float),
         _o("--field", "Hamiltonians: field, bz for heisenberg, bx for ising (default 0)",
@@ -477,8 +478,7 @@ def _parser() -> argparse.ArgumentParser:
                            help=" ".join(summary.split()), description=text)
         tables = [(p, options)]
         if cluster:
-            where = p.add_argument_group(*_WHERE[:2])
-            tables += [(where.add_mutually_exclusive_group(), _WHERE[2]), (where, _LOCAL),
+            tables += [(p.add_mutually_exclusive_group(), _WHERE), (p, _LOCAL),
                        (p.add_argument_group(*_TLS[:2]), _TLS[2])]
         for group, table in tables:
             for flags, kwargs in table:
