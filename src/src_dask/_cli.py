@@ -169,11 +169,9 @@ def demo(args: argparse.Namespace) -> int:
     MPO·MPS with decaying bonds (a compressible product) on a local cluster: prints the
     dashboard address and, for plain and oversampled SRC, the relative error against the
     exact product and the time."""
-    from .trains import TensorTrain
-
     mpo = src_dask.problems.random_mpo(args.sites, args.mpo_bond, seed=args.seed, decay=0.5)
     mps = src_dask.problems.random_mps(args.sites, args.bond, seed=args.seed + 1, decay=0.9)
-    mpo, mps = (TensorTrain(t.to_numpy(), t.kind) for t in (mpo, mps))  # in memory
+    mpo, mps = (src_dask.TensorTrain(t.to_numpy(), t.kind) for t in (mpo, mps))  # in memory
     exact = max(a * b for a, b in zip(mpo.bond_dims, mps.bond_dims, strict=True))
     with connect.client(host=args.host, gpus=0, n_workers=args.workers,
                         threads_per_worker=1) as client:
