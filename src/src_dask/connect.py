@@ -88,9 +88,10 @@ def client(scheduler_file: str | os.PathLike | None = None, *, security: Any = N
 
         import src_dask
 
+        from ._cluster import LOOPBACK
         from .interrupts import local_client
 
-        host = cluster_options.setdefault("host", "127.0.0.1")
+        host = cluster_options.setdefault("host", LOOPBACK)
         cluster_options.setdefault("dashboard_address", unparse_host_port(host, 0))
         with local_client(lambda: src_dask.cluster(security=security, **cluster_options)) as c:
             yield c
