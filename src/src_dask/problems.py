@@ -27,16 +27,17 @@ fixed by the shapes (not by the dtype or the machine).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .storage import chunks_for
+from . import storage
 from .trains import SUPPORTED_DTYPES, TensorTrain
 
-__all__ = ["STACK_FACTORS", "heisenberg", "ising", "random_mpo", "random_mps", "random_train",
-           "stack", "stack_mpo"]
+__all__ = ["SPEC_DEFAULTS", "STACK_FACTORS", "build", "heisenberg", "ising", "random_mpo",
+           "random_mps", "random_train", "spec", "spec_bytes", "stack", "stack_mpo", "write"]
 
 #: The src-method stack: the factors' names, leftmost first, and their bonds (None: ``dm``).
 STACK_FACTORS: tuple[tuple[str, int | None], ...] = (("N", 4), ("V", 4), ("M", None), ("U", 4))
@@ -94,7 +95,7 @@ def _gaussian_train(kind: str, bonds: Sequence[int], legs: Sequence[tuple[int, .
     cores = []
     for j, scale in enumerate(scales):
         shape = _core_shape(j, bonds, legs[j])
-        chunks = chunks_for(shape, 16, _DRAW_CHUNK_BYTES)
+        chunks = storage.chunks_for(shape, 16, _DRAW_CHUNK_BYTES)
         core = rng.standard_normal(shape, chunks=chunks)
         if dtype.kind == "c":
             core = core + 1j * rng.standard_normal(shape, chunks=chunks)
@@ -294,15 +295,19 @@ SPEC_OPTIONS = ("sites", "bond", "phys", "dm", "dtype", "seed", "j", "jz", "fiel
 def spec(kind: str, **given: Any) -> dict[str, Any]:
     """A reference problem as a JSON-able spec: ``kind`` (a key of
     :data:`SPEC_DEFAULTS`) and its options, defaults filled in; an option that does not
-    apply to the kind is a ValueError. :func:`build` makes it, :func:`spec_bytes`
-    sizes it without making it; saved trains record it (attribute ``generated``)."""
+    apply to the kind, or fewer than 2 sites, is a ValueError (naming the command line's
+    option). :func:`build` makes it, :func:`spec_bytes` sizes it without making it,
+    :func:`write` saves it; saved trains record it (attribute ``generated``)."""
     if kind not in SPEC_DEFAULTS:
         raise ValueError(f"kind: expected one of {', '.join(SPEC_DEFAULTS)}, got {kind!r}")
     defaults = SPEC_DEFAULTS[kind]
     for name in given:
         if name not in defaults:
             raise ValueError(f"--{name} does not apply to {kind!r}")
-    return {"kind": kind, **defaults, **given}
+    problem = {"kind": kind, **defaults, **given}
+    if problem["sites"] < 2:
+        raise ValueError(f"--sites: a train needs at least 2 sites, got {problem['sites']}")
+    return problem
 
 
 def spec_bytes(problem: dict[str, Any]) -> int:
@@ -340,3 +345,21 @@ def build(problem: dict[str, Any]) -> dict[str, TensorTrain]:
         return {"": heisenberg(n, (problem["j"], problem["j"], jz), problem["field"],
                                dtype=dtype)}
     return {"": ising(n, problem["j"], problem["field"], dtype=dtype)}
+
+
+def write(problem: dict[str, Any], path: str | os.PathLike, *,
+          overwrite: bool = False) -> dict[str, TensorTrain]:
+    """Save the trains of ``problem`` (:func:`spec`) at ``path``, recording the spec as
+    their attribute ``generated``: one train (:func:`src_dask.save`), or a stack's
+    factors (:func:`src_dask.save_stack`). What is at ``path`` and the free space are
+    checked (:func:`src_dask.storage.check_writable`) before anything is drawn, so an
+    absurd size is refused at once; the random cores are then drawn as they are
+    written, never all held in memory. Returns the trains (lazy, as :func:`build`)."""
+    storage.check_writable(path, overwrite, nbytes=spec_bytes(problem))
+    trains = build(problem)
+    attrs = {"generated": problem}
+    if problem["kind"] == "stack":
+        storage.save_stack(trains, path, overwrite=overwrite, attrs=attrs)
+    else:
+        storage.save(trains[""], path, overwrite=overwrite, attrs=attrs)
+    return trains

@@ -27,6 +27,7 @@ since it was opened raises (:mod:`src_dask.errors`) instead of giving numbers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import operator
@@ -129,7 +130,8 @@ def open_trains(*paths: str | os.PathLike) -> list[TensorTrain]:
             raise StoreError(f"{path}: is a run store, not a train (a run's result is "
                              "what src returns; save it with src_dask.save)")
         else:
-            raise StoreError(f"{path}: not a src_dask train (write one with src_dask.save)")
+            raise StoreError(f"{path}: not a src_dask train (write one with src_dask.save) or "
+                             "'src-dask generate'")
     return trains
 
 
@@ -567,3 +569,49 @@ def _describe_train(path: str) -> Info:
         if key in attrs:
             info[key] = attrs[key]
     return info
+
+
+@dataclasses.dataclass(frozen=True)
+class RunProgress:
+    """How far the run in the run store at ``path`` got (:func:`run_progress`): whether
+    it is ``complete``, whether it has ``begun`` (some pass 1 block written) and
+    ``where`` it is ("pass 1, K of N blocks of sketch columns done" or "pass 2, at site
+    S"). Its methods are the lines the command line prints about a resumed or an
+    interrupted ``run --store``."""
+
+    path: str
+    complete: bool
+    begun: bool
+    where: str
+
+    def resumed(self) -> str | None:
+        """What a run that then used this store (its progress read before the run) did
+        with it: resumed it, or took its finished result; None where nothing was done
+        yet (a fresh start)."""
+        if self.complete:
+            return f"{self.path} held this run, finished: its result, not recomputed"
+        if self.begun:
+            return f"resumed the run in {self.path} from {self.where}"
+        return None
+
+    def stopped(self) -> str:
+        """Where an interrupted run stopped, what keeps it and how to go on."""
+        return f"in {self.where}; {self.path} keeps it: rerun the same command to resume"
+
+
+def run_progress(path: str | os.PathLike | None) -> RunProgress | None:
+    """The progress of the run store at ``path`` (from :func:`describe`), or None where
+    there is nothing to say: no path, nothing there, something other than a run store,
+    or a store set up only partly (interrupted before its metadata was written)."""
+    if path is None or not os.path.isdir(path):
+        return None
+    try:
+        info = describe(path)
+    except Exception:  # noqa: BLE001 - set up only partly, or not a store: nothing to say
+        return None
+    if info.get("what") != "run store":
+        return None
+    done, blocks = info["pass1_blocks_done"], info["pass1_blocks"]
+    where = (f"pass 1, {done} of {blocks} blocks of sketch columns done" if done < blocks
+             else f"pass 2, at site {info['pass2_next_site']}")
+    return RunProgress(os.fspath(path), bool(info["complete"]), done > 0, where)

@@ -1,0 +1,99 @@
+"""The client a computation runs on: a running cluster's, by its scheduler file, or a
+local cluster's, started for it (:func:`client`); and TLS, a ``distributed.Security``
+of three certificate files, for either.
+
+Dask reads certificate files only when it first connects, and then speaks of an
+``ssl_context``; these check what they can before that, so that a missing file, a
+missing scheduler file or a missing certificate is said in one line naming it (in the
+words of the command line, whose ``--scheduler-file`` and ``--tls-*`` they serve).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["client", "scheduler_client", "scheduler_tls_address", "security"]
+
+
+def security(ca_file: str, cert: str, key: str, *,
+             names: Sequence[str] = ("ca_file", "cert", "key")) -> Any:
+    """A ``distributed.Security`` that requires TLS, with one certificate and key for
+    the client, the scheduler and the workers, signed by the authority of
+    ``ca_file``: one user's own cluster. Each file must exist: a
+    ``FileNotFoundError`` names the first that does not, as ``names`` call the three
+    (the command line passes its flags)."""
+    for name, path in zip(names, (ca_file, cert, key), strict=True):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{name} {path}: no such file")
+    from distributed import Security
+
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    tls_scheduler_cert=cert, tls_scheduler_key=key, tls_worker_cert=cert,
+                    tls_worker_key=key, require_encryption=True)
+
+
+def scheduler_tls_address(scheduler_file: str | os.PathLike, security: Any = None) -> str | None:
+    """The address in ``scheduler_file`` when that scheduler takes TLS connections only
+    (``tls://``) and ``security`` (None: what Dask config says, ``distributed.comm.tls``)
+    has no client certificate to connect with: a connection that cannot succeed. None
+    otherwise, a file that cannot be read included (``distributed.Client`` says why)."""
+    from distributed import Security
+
+    try:
+        with open(scheduler_file) as f:
+            address = str(json.load(f).get("address", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if address.startswith("tls://") and not (security or Security()).tls_client_cert:
+        return address
+    return None
+
+
+def scheduler_client(scheduler_file: str | os.PathLike, security: Any = None) -> Any:
+    """A ``distributed.Client`` on the cluster of ``scheduler_file`` (``security``:
+    its TLS; None: Dask config's), checked first: a ``FileNotFoundError`` where there
+    is no such file, a ``ValueError`` where the scheduler takes TLS only and there is
+    no client certificate to connect with (:func:`scheduler_tls_address`)."""
+    from distributed import Client
+
+    if not os.path.isfile(scheduler_file):
+        raise FileNotFoundError(f"{os.fspath(scheduler_file)}: no such scheduler file")
+    address = scheduler_tls_address(scheduler_file, security)
+    if address is not None:
+        raise ValueError(f"{os.fspath(scheduler_file)}: the scheduler at {address} takes TLS "
+                         "connections only; pass --tls-ca-file, --tls-cert and --tls-key (or "
+                         "set distributed.comm.tls in Dask config)")
+    return Client(scheduler_file=os.fspath(scheduler_file), security=security)
+
+
+@contextlib.contextmanager
+def client(scheduler_file: str | os.PathLike | None = None, *, security: Any = None,
+           **cluster_options: Any) -> Iterator[Any]:
+    """A ``distributed.Client`` for the block: on the running cluster of
+    ``scheduler_file`` (:func:`scheduler_client`); else, given ``cluster_options``, on
+    ``src_dask.cluster(security=security, **cluster_options)``, started for the block
+    and closed after it, a Ctrl-C included (:func:`src_dask.interrupts.local_client`),
+    its dashboard on a free port of its ``host`` unless ``dashboard_address`` is given
+    (None would take port 8787 all the same); else None: Dask's threaded scheduler in
+    this process."""
+    if scheduler_file is not None:
+        with scheduler_client(scheduler_file, security) as connected:
+            yield connected
+    elif cluster_options:
+        from distributed.comm.addressing import unparse_host_port
+
+        import src_dask
+
+        from ._cluster import LOOPBACK
+        from .interrupts import local_client
+
+        host = cluster_options.setdefault("host", LOOPBACK)
+        cluster_options.setdefault("dashboard_address", unparse_host_port(host, 0))
+        with local_client(lambda: src_dask.cluster(security=security, **cluster_options)) as c:
+            yield c
+    else:
+        yield None
