@@ -578,3 +578,20 @@ def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, on
     with cluster_client.as_current():  # computed where they are
         assert close_cores(y, z)
     assert src_dask.apply(a, x, chi_out=8, seed=0, persist=True).kind == "mps"  # no client
+
+
+@pytest.mark.parametrize("one_task", [True, False])
+def test_lazy_random_inputs_run_on_a_client(cluster_client, one_task, monkeypatch):
+    """Trains of ``problems.random_*`` (Dask arrays not drawn yet) on a Client, as one
+    task and as a graph: the one task carries their layers inside its graph (they are
+    no keys of the cluster), and the result is the threaded run's."""
+    if not one_task:
+        monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 0)
+    a = src_dask.problems.random_mpo(8, bond=3, seed=1)
+    x = src_dask.problems.random_mps(8, bond=5, seed=2)
+    y = src_dask.apply(a, x, chi_out=10, seed=4, client=cluster_client)
+    assert close_cores(y, src_dask.apply(a, x, chi_out=10, seed=4))
+    persisted = src_dask.apply(a, x, chi_out=10, seed=4, client=cluster_client, persist=True)
+    again = src_dask.apply(a, persisted, chi_out=10, seed=5, client=cluster_client)
+    with cluster_client.as_current():
+        assert close_cores(again, src_dask.apply(a, y, chi_out=10, seed=5))

@@ -67,9 +67,3 @@ def test_forget_frees_the_tracebacks_of_an_interrupt_and_its_context():
     cycle.__context__ = cycle  # a loop of contexts ends too
     interrupts.forget(cycle)
 
-
-def test_the_old_private_name_is_the_same_module_s():
-    from src_dask import _signals
-
-    assert _signals.local_client is interrupts.local_client
-    assert _signals.sigint_deferred is interrupts.sigint_deferred

@@ -469,7 +469,7 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
     log.info("src: %.3g FLOPs: the run is one task on one worker", flops)
     with in_graph(stack):
-        future = client.submit(_graph.compute_here, dsk, wanted, pure=False)
+        future = client.submit(_graph.compute_here, *_graph.seal(dsk), wanted, pure=False)
     try:
         if persist:
             n = stack.n

@@ -32,7 +32,7 @@ The clusters src_dask starts (:func:`cluster`, and the command line's
 - workers spill under the ``local_directory`` you choose, each to a fresh
   directory that only you can enter (distributed makes it with mode 0700 and
   removes it when the worker closes).
-- worker processes do not take SIGINT (:func:`._signals.sigint_deferred`), so a Ctrl-C
+- worker processes do not take SIGINT (:func:`.interrupts.sigint_deferred`), so a Ctrl-C
   in a terminal interrupts the client (which then closes the cluster) instead
   of killing every worker with a traceback of its own.
 """
@@ -53,7 +53,7 @@ import dask
 import dask.utils
 
 from ._plan import is_ucx
-from ._signals import quiet_logs, sigint_deferred
+from .interrupts import quiet_logs, sigint_deferred
 
 if TYPE_CHECKING:
     from ._plan import Workers

@@ -82,9 +82,35 @@ def outputs(graph: Delayed) -> list[Delayed]:
     return [Delayed(k, graph.dask, layer=graph.key) for k in cores]
 
 
-def compute_here(dsk: dict, keys_wanted: list[Any]) -> list[Any]:
-    """The values of ``keys_wanted`` in ``dsk``, computed in this process by Dask's
-    synchronous scheduler: a whole run as one task on a worker (``_api._run``)."""
+class Sealed:
+    """A graph carried by one task as data (:func:`seal`).
+
+    Distributed reads a task's arguments for the keys it depends on, tasks inside
+    containers included, so a graph passed as is makes the task wait on the cluster for
+    keys that exist only inside the graph (its lazy inputs' layers: ``standard_normal``
+    and the like) and fail as "lost dependencies". Distributed does not look inside this
+    object."""
+
+    __slots__ = ("dsk",)
+
+    def __init__(self, dsk: dict) -> None:
+        self.dsk = dsk
+
+
+def seal(dsk: dict) -> tuple[Sealed, dict]:
+    """``dsk`` for one task (:func:`compute_here`): its own tasks sealed, and the
+    futures it holds (results persisted on the cluster, e.g. an earlier run's cores)
+    apart, for distributed to pass in as the task's dependencies."""
+    from distributed import Future
+
+    futures = {k: v for k, v in dsk.items() if isinstance(v, Future)}
+    return Sealed({k: v for k, v in dsk.items() if k not in futures}), futures
+
+
+def compute_here(graph: Sealed, values: dict, keys_wanted: list[Any]) -> list[Any]:
+    """The values of ``keys_wanted`` in ``graph`` (with ``values``, the results of its
+    futures, in their keys' place), computed in this process by Dask's synchronous
+    scheduler: a whole run as one task on a worker (``_api._run``)."""
     from dask.local import get_sync
 
-    return list(get_sync(dsk, keys_wanted))
+    return list(get_sync({**graph.dsk, **values}, keys_wanted))
