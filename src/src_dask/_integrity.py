@@ -30,6 +30,23 @@ import numpy as np
 
 from .errors import DamagedDataError
 
+#: Largest chunk of an array src_dask writes (a core, an environment), in bytes.
+MAX_CHUNK_BYTES = 256 * 2**20
+
+
+def chunks_for(shape: tuple[int, ...], itemsize: int,
+               max_bytes: int = MAX_CHUNK_BYTES) -> tuple[int, ...]:
+    """Chunk shape for ``shape`` that keeps a chunk under ``max_bytes``.
+
+    Halves the longest axis until the chunk fits; in a core that is a bond
+    axis, so the (small) physical legs stay whole in every chunk.
+    """
+    chunks = list(shape)
+    while math.prod(chunks) * itemsize > max_bytes and max(chunks) > 1:
+        i = chunks.index(max(chunks))
+        chunks[i] = math.ceil(chunks[i] / 2)
+    return tuple(chunks)
+
 
 def array_options(dtype: Any) -> dict[str, Any]:
     """Keyword arguments of ``zarr.Group.create_array`` for a verifiable array."""

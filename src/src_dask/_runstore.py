@@ -137,12 +137,11 @@ class RunStore:
         """The checkpoint of ``site`` begun: η_site written, S_{site-1} (η's rows by
         ``left``) made, to be written by rows (:meth:`write_pass2_rows`, in chunks of
         ``rows`` rows) and completed by :meth:`end_pass2`."""
-        from .storage import chunks_for
 
         group = self._group()
         _write_whole(group, self.layout.eta_site(site), eta, eta_dims(site))
         shape = (eta.shape[0], *left)
-        chunks = chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
+        chunks = _integrity.chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
         _integrity.create(group, self.layout.right_env_site(site - 1), shape, eta.dtype,
                           chunks, overwrite=True,
                           dimension_names=right_env_dims(site - 1, len(left)))
@@ -527,11 +526,10 @@ def _rmtree(where: str, tries: int = 5) -> None:
 
 def _write_whole(group: zarr.Group, name: str, x: Any,
                  dims: tuple[str, ...] | None = None) -> None:
-    from .storage import chunks_for
 
     x = to_numpy(x)
     arr = _integrity.create(group, name, x.shape, x.dtype,
-                            chunks_for(x.shape, x.dtype.itemsize), overwrite=True,
+                            _integrity.chunks_for(x.shape, x.dtype.itemsize), overwrite=True,
                             dimension_names=dims)
     arr[...] = x
 

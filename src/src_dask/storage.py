@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import operator
 import os
 import shutil
@@ -41,6 +40,7 @@ import numpy as np
 
 from . import _info, _integrity, _paths
 from ._info import Info
+from ._integrity import MAX_CHUNK_BYTES, chunks_for
 from ._layout import RANKS, dimension_names, role
 from .errors import PathRefusedError, StoreError
 from .trains import TensorTrain, _to_numpy, as_train
@@ -53,7 +53,6 @@ STACK_FORMAT = "src_dask.stack"
 _STACK_VERSION = 1
 #: Attributes :func:`save` and :func:`save_stack` write themselves (not in ``attrs=``).
 _RESERVED = {"format", "version", "kind", "sites", "layout", "id", "complete", "factors"}
-MAX_CHUNK_BYTES = 256 * 2**20
 _LAYOUT = {"mps": "lrp", "mpo": "lrud"}
 
 
@@ -61,20 +60,6 @@ def _zarr():
     import zarr
 
     return zarr
-
-
-def chunks_for(shape: tuple[int, ...], itemsize: int,
-               max_bytes: int = MAX_CHUNK_BYTES) -> tuple[int, ...]:
-    """Chunk shape for ``shape`` that keeps a chunk under ``max_bytes``.
-
-    Halves the longest axis until the chunk fits; in a core that is a bond
-    axis, so the (small) physical legs stay whole in every chunk.
-    """
-    chunks = list(shape)
-    while math.prod(chunks) * itemsize > max_bytes and max(chunks) > 1:
-        i = chunks.index(max(chunks))
-        chunks[i] = math.ceil(chunks[i] / 2)
-    return tuple(chunks)
 
 
 # -- paths ------------------------------------------------------------------------------
