@@ -52,9 +52,8 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         persist: bool = False) -> TensorTrain:
     """Compress the product ``trains[0]·trains[1]·…`` to bond dimension ``chi_out``.
 
-    Successive randomized compression (Camaño, Epperly & Tropp, 2025) run as
-    one Dask task graph. The product may be MPO·MPS, MPO·MPO, MPO^k·MPS, a bra
-    MPS·MPO^k (not conjugated) or a single train to compress.
+    Successive randomized compression (Camaño, Epperly & Tropp, 2025) as one Dask
+    task graph, of MPO·MPS, MPO·MPO, MPO^k·MPS, a bra MPS·MPO^k or one train.
 
     Parameters
     ----------
@@ -91,30 +90,24 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         Replace a ``store`` that holds a run of other inputs or options (else an
         error); only a run store is ever replaced (docs/safety.md).
     progress
-        Show a progress bar by pass and site while the graph runs: ``True`` for
-        stderr (a widget in a Jupyter notebook), or a text stream to write to.
-        The result is the same either way.
+        A progress bar by pass and site: ``True`` for stderr (a widget in a
+        Jupyter notebook), or a text stream. The result is the same either way.
     performance_report
         Path of an HTML file for Dask's performance report of the run (task
         stream, worker profiles, bandwidth); needs a distributed ``client``.
     persist
-        With a distributed ``client``: the result's cores stay in the workers'
-        memory, and the result is a train of Dask arrays backed by them. Passed
-        to the next call (a time-evolution loop, ``apply`` then ``compress``) it
-        is used where it is: no core crosses to the client and back between
-        calls; ``to_numpy()`` (with that client the current one) brings it
-        home. Ignored without a client (the result is in this process already)
-        and with ``store`` (it is on disk).
+        With a distributed ``client``: the result is a train of Dask arrays over
+        cores kept in the workers' memory, used where it is by the next call (a
+        time-evolution loop, ``apply`` then ``compress``); ``to_numpy()`` brings
+        it home. Ignored without a client and with ``store``.
 
     Returns
     -------
     TensorTrain
         An MPS (if a factor is an MPS) or an MPO, in quimb's layouts: NumPy
-        arrays (CuPy arrays when every input is a CuPy array and no client is
-        used), with ``store`` Dask arrays over the store's ``result`` arrays,
-        with ``persist`` Dask arrays over the workers' results. Without
-        oversampling it is right-canonical (all the norm in site 0); after
-        rounding it is left-canonical (the norm in the last site).
+        arrays (CuPy where every input is CuPy and no client is used; Dask arrays
+        with ``store`` or ``persist``). Right-canonical without oversampling (the
+        norm in site 0), left-canonical after rounding (in the last site).
     """
     stack, plan, client, store, seed, extra, facts = _prepare(
         trains, chi_out, oversample, cutoff, dtype, seed, chunk, client, store)
