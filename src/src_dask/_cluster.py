@@ -7,8 +7,8 @@ with one worker per GPU when there are GPUs, a CPU ``LocalCluster`` otherwise.
 
 Several GPUs exchange data over UCX with an RMM pool on each GPU (see
 :func:`cluster`): UCX's CUDA IPC maps a pool's memory once and then moves blocks
-over NVLink at 60–190 GB/s, where Dask over TCP, or UCX over RMM's asynchronous
-allocator, moved them at 0.3–1.3 GB/s on the test machine.
+over NVLink, where Dask over TCP, or UCX over RMM's asynchronous allocator, is two
+orders of magnitude slower (docs/design.md §6.2 has the rates).
 
 The device a run uses is chosen once, on the client, for the whole graph:
 ``dask.config`` key ``src_dask.device`` (``"auto"``, ``"cpu"`` or ``"gpu"``);
@@ -103,9 +103,9 @@ POOL_MAXIMUM = 0.9
 #: Share of a GPU whose stored data a worker keeps before spilling to host memory, by
 #: default: the rest is for the tasks' temporaries (src_dask sizes its tasks to what the
 #: kept data leave, ``_plan.device_task_bytes``). Below dask-cuda's own 0.8 because
-#: tasks squeezed into a fifth of the device cut the sweep into more, smaller GEMMs:
-#: D_M=2000/chi_out=1000 on one H200 (2026-12-01, benchmarks/README.md) took 137.4 s
-#: at 0.7 (27.7 GB spilled), 151.5 s at 0.8 (12.6 GB) and 154.7 s at 0.5 (68.1 GB).
+#: tasks squeezed into a fifth of the device cut the sweep into more, smaller GEMMs,
+#: and above 0.5, where more of the data goes device -> host -> device (the D_M=2000
+#: rows of benchmarks/README.md time the three).
 DEVICE_MEMORY_LIMIT = 0.7
 #: The packages of the fast path between GPUs (both come with the ``gpu`` extra).
 _UCX_PACKAGES = "distributed-ucxx-cu13 and rmm-cu13"
@@ -345,8 +345,8 @@ def _below_pause(manager: Any, limit: int, rss: int) -> int:
 def _rmm_maximum(dask_worker: Any) -> int | None:
     """The most device memory a dask-cuda worker's RMM resource hands out (its pool's
     ``maximum_pool_size``, or the limit on its async pool), in bytes; None where it
-    may take the whole device. An RMM pool capped at 0.9 of an H200 ran out in pass 2 of
-    a plan that counted the whole device (2026-12-01)."""
+    may take the whole device: a plan that counts the whole device under a capped pool
+    runs out of memory in pass 2."""
     for plugin in getattr(dask_worker, "plugins", {}).values():
         if type(plugin).__name__ == "RMMSetup":  # dask_cuda.plugins, after its setup
             maximum = getattr(plugin, "maximum_pool_size", None)

@@ -185,9 +185,8 @@ def pool_size(arrays: int, facts: Workers) -> int:
     grow to ``Workers.device_memory``, the pool's size. RMM grows a pool by half of what
     it may still grow (or by what an allocation needs, if more), and it grows once the
     arrays come within ``device-headroom`` of its size (blocks it cannot place between
-    those it holds): on the memory ladder of benchmarks/README.md the pool measured
-    0.94-1.12x of this, where the arrays' peak alone was 0.75x of it (D_M=2000, 24 GB
-    pool: arrays 16.0 GB of a 16 GB pool that grew to 20)."""
+    those it holds): the arrays' peak alone undercounts the pool (the memory ladder of
+    benchmarks/README.md compares both with RMM's statistics)."""
     start, most = facts.device_pool, facts.device_memory
     if not start or not most or start >= most:
         return arrays
@@ -363,9 +362,8 @@ def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
 def pinned_reads(stack: Stack, lookahead: int, device: str) -> int:
     """Host bytes of a GPU worker's reads of lazy inputs ``lookahead`` sites ahead of
     use: they land in pinned memory, and CuPy's pinned pool keeps the blocks they
-    leave, so twice the reads in flight (on the ladder of benchmarks/README.md this
-    brought the planned host peak from 0.1-0.9x of the workers' measured RSS to
-    0.8-1.1x)."""
+    leave, so twice the reads in flight (the memory ladder of benchmarks/README.md
+    compares the planned host peak with the workers' RSS)."""
     if device != "gpu" or not stack.input_bytes(lazy=True):
         return 0
     return 2 * inputs_in_flight(stack, lookahead)

@@ -166,11 +166,10 @@ def _checked(data: np.ndarray, what: str, finite: bool) -> np.ndarray:
 
 # -- whole arrays straight from their chunk files -------------------------------------------
 # Zarr's reader decodes on its own event loop and copies every chunk into the output on
-# that one thread: ~0.6 GB/s per read and ~2.2 GB/s per process measured on the GPU
-# machine (docs/design.md §6), which bounds pass 1 there. The arrays src_dask writes have
-# the simplest layout Zarr has (raw little-endian bytes and a CRC32C per chunk file), so a
-# whole array on a local file system is read here instead, in the calling thread, with the
-# same checks: several threads then read side by side.
+# that one thread, which bounds pass 1 on a GPU (docs/design.md §6 has the rates). The
+# arrays src_dask writes have the simplest layout Zarr has (raw little-endian bytes and a
+# CRC32C per chunk file), so a whole array on a local file system is read here instead, in
+# the calling thread, with the same checks: several threads then read side by side.
 def _chunk_dir(arr: Any) -> str | None:
     """The directory of ``arr``'s chunk files when it can be read from them directly:
     config ``direct-reads``, a local store, a regular grid, and exactly the codecs
@@ -225,8 +224,8 @@ def _read_files(arr: Any, what: str, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-#: Bytes checksummed per call by google_crc32c, which holds the GIL while it runs (~60 ms
-#: for a 256 MB core at 4 GB/s): a few MB a call let the worker's event loop and the
+#: Bytes checksummed per call by google_crc32c, which holds the GIL while it runs (tens of
+#: milliseconds for a whole core): a few MB a call let the worker's event loop and the
 #: threads launching kernels in between.
 _CRC_STEP = 4 << 20
 

@@ -586,9 +586,9 @@ def input_groups(device: str, n_workers: int) -> int:
 def copy_inputs(device: str, addresses: tuple[str, ...]) -> bool:
     """Whether each site's cores are read by one GPU worker and copied to the others
     over the link, rather than read again by each (config ``copy-inputs``; ``auto``:
-    where Dask's comm between the workers is UCX — CUDA IPC over NVLink, ~170 GB/s,
-    docs/design.md §6.2 — a copy costs milliseconds and halves the reading; over TCP,
-    ~1 GB/s, reading again is faster)."""
+    where Dask's comm between the workers is UCX — CUDA IPC over NVLink, docs/design.md
+    §6.2 — a copy costs milliseconds and halves the reading; over TCP reading again is
+    faster)."""
     want = config.get_choice("copy-inputs", ("auto", True, False))
     if device != "gpu" or len(addresses) < 2:
         return False

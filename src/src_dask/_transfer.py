@@ -1,9 +1,9 @@
 """Host↔device copies that run beside the kernels instead of stalling them.
 
 A plain ``cupy.asarray(numpy_array)`` or ``.get()`` copies pageable memory on
-the stream the kernels use (2–7 GB/s on the H200, docs/design.md §6), and the GPU
-waits for it. Here each worker thread copies through a pinned staging buffer
-(25–55 GB/s) on a stream of its own; the kernels' stream waits only for the
+the stream the kernels use, at a fraction of the link's rate (docs/design.md §6), and
+the GPU waits for it. Here each worker thread copies through a pinned staging buffer
+on a stream of its own; the kernels' stream waits only for the
 copy it needs (a device-side event), so reading site ``j+1`` overlaps the
 contractions of site ``j`` and results leave the GPU while pass 2 goes on.
 """
