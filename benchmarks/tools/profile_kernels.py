@@ -118,6 +118,67 @@ def site(cores, sketch: int, block: int, rate: float) -> dict:
     return out
 
 
+def products(cores, sketch: int, block: int) -> list[dict]:
+    """Each complex product of one middle site (pass 1's step on ``block`` columns, the
+    projection, the sketch piece, the update) timed natively and as three real ones,
+    with the three-real product's parts: the planes of both operands, the real GEMMs,
+    the combination (``_kernels.matmul``'s)."""
+    import cupy as cp
+
+    from src_dask import _kernels as K
+
+    calls, kinds, native = [], [], K.matmul
+
+    def recorded(a, b, **kw):
+        calls.append((a, b, kw.get("conj_a", False), kw.get("shapes")))
+        return native(a, b, **kw)
+
+    lefts, rights = tuple(c.shape[0] for c in cores), tuple(c.shape[1] for c in cores)
+    up, down = cores[0].shape[2], cores[-1].shape[3]
+    steps = [("pass1", lambda: K.sketch_step(rand(block, *lefts), cores,
+                                             omega=np.ones((block, up, down), complex), site=1)),
+             ("project", lambda: K.project_core(cores, rand(sketch, *rights)))]
+    K.matmul = recorded
+    try:
+        for kind, step in steps:
+            n = len(calls)
+            z = step()
+            kinds += [kind] * (len(calls) - n)
+        for kind, step in (("piece", lambda: K.sketch_piece(rand(sketch, *lefts), z)),
+                           ("update", lambda: K.update_env(rand(sketch, sketch, up, down), [z]))):
+            n = len(calls)
+            step()
+            kinds += [kind] * (len(calls) - n)
+    finally:
+        K.matmul = native
+    rows = []
+    for kind, call in zip(kinds, calls, strict=True):
+        rows.append(_product_times(kind, *call))
+        cp.get_default_memory_pool().free_all_blocks()  # the planes and products of each
+    return rows
+
+
+def _product_times(kind: str, a, b, conj: bool, shapes) -> dict:
+    """One product of :func:`products`, timed natively, as three real ones, and by parts."""
+    import cupy as cp
+
+    from src_dask import _kernels as K
+
+    sa, sb = shapes or (a.shape, b.shape)
+    pa = K._planes(cp, a, conj).reshape((2, *sa))
+    pb = K._planes(cp, b, False).reshape((2, *sb))
+    t12, t3 = cp.matmul(pa, pb), cp.matmul(pa[0], pb[0])
+    out = cp.empty(t3.shape, complex)
+    row = {"step": kind, "a": list(sa), "b": list(sb), "dims": list(K._gemm_dims(a, b, shapes)),
+           "native_s": timed(lambda: cp.matmul((a.conj() if conj else a).reshape(sa),
+                                               b.reshape(sb)), 3),
+           "three_s": timed(lambda: K._three_real_product(cp, a, b, conj, shapes), 3),
+           "planes_s": timed(lambda: (K._planes(cp, a, conj), K._planes(cp, b, False)), 3),
+           "gemms_s": timed(lambda: (cp.matmul(pa, pb), cp.matmul(pa[0], pb[0])), 3),
+           "combine_s": timed(lambda: K._combine_kernel()(t12[0], t12[1], t3, out), 3)}
+    return row
+
+
 def real_gemm_rate(n: int) -> float:
     """FLOP/s of an ``n``³ float64 GEMM on the GPU (best of 3 by CUDA events)."""
     import cupy as cp
@@ -202,6 +263,16 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"{name}: {record[name]['kernels_s'] * 1e3:.1f} ms", flush=True)
                 del cores
                 cp.get_default_memory_pool().free_all_blocks()
+    if "3m" in modes:
+        cores = [rand(4, 4, 4, 4), rand(4, 4, 4, 4), rand(1000, 1000, 4, 4), rand(4, 4, 4, 4)]
+        record["products_dm1000"] = products(cores, 500, 128)
+        del cores
+        print_table(["D_M=1000 site: product", "m k n", "native ms", "3m ms", "planes ms",
+                     "gemms ms", "combine ms"],
+                    [[r["step"], " ".join(map(str, r["dims"])),
+                      *(f"{r[k] * 1e3:.2f}" for k in ("native_s", "three_s", "planes_s",
+                                                      "gemms_s", "combine_s"))]
+                     for r in record["products_dm1000"]], [])
     record["copies_256MiB"] = copies(256 * 2**20)
     report(record)
     record.write(output_path(args.out, "gpu_kernels.json"))
