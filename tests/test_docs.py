@@ -128,7 +128,7 @@ def _python_blocks() -> list:
                      if m and m.startswith("sample: ")
                      and m.removeprefix("sample: ") in BLOCK_SAMPLES]
             name = f"{path.relative_to(ROOT)}:{n + 1}"
-            quotes = [(_quoted(path, q).strip("`"), how) for q, how in BLOCK_QUOTES.get(name, [])]
+            quotes = [(path, q, how) for q, how in BLOCK_QUOTES.get(name, [])]
             out.append(pytest.param(body, names, quotes, id=name))
     return out
 
@@ -158,8 +158,8 @@ def test_every_python_block_of_the_docs_runs_on_its_own(block, samples, quotes, 
         lines = lines[at + 1:]
     for name in samples:
         BLOCK_SAMPLES[name].check(_sample(name), [done.stderr, done.stdout])
-    for shown, how in quotes:
-        how.check(shown, [done.stderr, done.stdout])
+    for page, quote, how in quotes:
+        how.check(_quoted(page, quote).strip("`"), [done.stderr, done.stdout])
 
 
 def test_every_sample_output_is_checked():
