@@ -302,6 +302,9 @@ def test_cli_samples(tmp_path, monkeypatch, capsys):
     status, out, err = say(run[1:], interrupt="pass2_site17")
     assert status == 130 and out == "", err
     site = re.search(r"at site (\d+)", err)[1]
+    status, out, _ = say(info[1:])
+    assert re.search(r"^  status +not complete", out, flags=re.M), out
+    assert _quoted(cli, "`status` says `not complete`")
     interrupted = _quoted(cli, "src-dask: interrupted in pass 2, at site 17; run.zarr keeps "
                                "it: rerun the same command to resume")
     assert err.strip() == interrupted.replace("17", site)
@@ -315,6 +318,12 @@ def test_cli_samples(tmp_path, monkeypatch, capsys):
     status, out, _ = say(run[1:] + ["--overwrite"])
     assert out.splitlines()[0] == _quoted(cli, "run.zarr held this run, finished: its "
                                                "result, not recomputed")
+    # a store of another run
+    status, out, err = say([*run[1:4], "--chi-out", "8", "--seed", "0", "--store", "run.zarr",
+                            "--out", "y4.zarr"])
+    assert status == 1 and _like(_quoted(ROOT / "docs" / "troubleshooting.md",
+                                         "`… holds a run of other inputs or options`")
+                                 .strip("`"), err), err
     # without a store, the one line
     status, out, err = say(["run", "A.zarr", "x.zarr", "--chi-out", "16", "--out", "y3.zarr"],
                            interrupt="pass1_site3")
@@ -340,3 +349,86 @@ def test_cli_samples(tmp_path, monkeypatch, capsys):
         return set(re.findall(r"(?<![\w-])--?[a-z][a-z-]*", text)) - {"-h", "--debug"}
 
     assert options(_sample("src-dask run --help")) == options(usage)
+
+
+def _like(shown: str, text: str) -> bool:
+    """Whether ``text`` holds ``shown``, each ``…`` of it standing for anything."""
+    pattern = ".*?".join(re.escape(part) for part in shown.split("…"))
+    return re.search(pattern, " ".join(text.split())) is not None
+
+
+def test_quoted_messages(tmp_path, caplog):
+    """The errors, warnings and lines the pages quote are what the library says in the
+    same situation (a GPU's own messages aside: below)."""
+    import io
+    import logging
+
+    import dask
+
+    import src_dask
+    from src_dask import problems
+    from src_dask._cluster import has_gpu
+    from src_dask._oom import naming_the_site
+
+    usage, monitoring, trouble = (ROOT / "docs" / n for n in
+                                  ("usage.md", "monitoring.md", "troubleshooting.md"))
+
+    def said(call, *args, **kwargs):
+        with pytest.raises(Exception) as err:  # noqa: PT011 - the message is checked
+            call(*args, **kwargs)
+        return f"{type(err.value).__name__}: {err.value}"
+
+    rng = np.random.default_rng(0)
+
+    def mps(*shapes):
+        return [rng.standard_normal(s) for s in shapes]
+
+    mpo = mps((2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 3), (2, 2, 2))  # site 2's down leg is 3
+    x = mps((2, 2), (2, 2, 2), (2, 2, 2), (2, 2))
+    shown = _quoted(usage, "site 2: trains[0] has a down (input) leg of size 3 but trains[1] "
+                           "has an up (output) leg of size 2; they must match")
+    assert said(src_dask.src, mpo, x, chi_out=4).endswith(": " + shown)
+    bad = mps((2, 2), (2, 2, 2), (2, 2, 2), (3, 2, 2), (3, 2))  # site 2's right bond is 2
+    shown = _quoted(usage, "trains[1], site 2: right bond 2 does not match the left bond 3 of "
+                           "site 3")
+    assert said(src_dask.src, mps((2, 2, 2), *[(2, 2, 2, 2)] * 3, (2, 2, 2)), bad,
+                chi_out=4).endswith(": " + shown)
+    A, psi = problems.random_mpo(8, bond=3, seed=1), problems.random_mps(8, bond=4, seed=2)
+    assert "src(mps, mpo" in said(src_dask.apply, psi, A, chi_out=4).replace("src_dask.", "")
+    assert "pass chi_out" in said(src_dask.apply, A, psi, max_bond=4)
+
+    # a run that fails: the bar's last line, the log's
+    nan = list(psi)
+    nan[5] = nan[5] * np.nan
+    bar = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        said(src_dask.apply, A, nan, chi_out=4, seed=0, progress=bar)
+    assert _like(_quoted(monitoring, "`failed at pass …, site …`").strip("`"),
+                 bar.getvalue().splitlines()[-1])
+    assert _like(_quoted(monitoring, "`src: failed after … (ValueError)`").strip("`"),
+                 caplog.text)
+
+    shown = _quoted(monitoring, "`ValueError: performance_report needs a distributed Client "
+                                "…`").strip("`")
+    report = said(src_dask.apply, A, psi, chi_out=4, performance_report=str(tmp_path / "r.html"))
+    assert _like(shown, report)
+    assert _like(_quoted(trouble, "*`performance_report needs a distributed Client`*")
+                 .strip("*`"), report)
+    if not has_gpu():
+        with dask.config.set({"src_dask.device": "gpu"}):
+            assert _like(_quoted(trouble, "`dask config src_dask.device is 'gpu' but … has no "
+                                          "usable GPU`").strip("`"),
+                         said(src_dask.apply, A, psi, chi_out=4))
+
+    def out_of_memory(*args):
+        raise MemoryError("no room")
+
+    # the one step that cannot be split (on the host here: a GPU's says "device memory")
+    shown = _quoted(trouble, "`site j, pass 2's QR: out of device memory (…); this step is one "
+                             "piece`").strip("`")
+    got = said(naming_the_site(out_of_memory, site=3, step="pass 2's QR"), np.zeros(2))
+    assert _like(shown.replace("site j", "site 3").replace("device", "host"), got)
+    # a message made where the scheduler runs: quoted as the source writes it
+    source = (ROOT / "src" / "src_dask" / "_progress.py").read_text()
+    assert _quoted(trouble, "`progress: cannot follow the run on the scheduler`").strip("`") \
+        in source
