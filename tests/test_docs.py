@@ -290,12 +290,19 @@ def test_cli_samples(tmp_path, monkeypatch, capsys):
         status, out, err = say(argv[1:])
         assert status == 0, (argv, out, err)
         printed[" ".join(argv[:2])] = out
+        if argv[1] == "run":
+            printed["run argv"] = argv[1:]
     CLI_SAMPLES["src-dask info y.zarr"].check(_sample("src-dask info y.zarr"),
                                               printed["src-dask info"])
     Sample("start").check(_quoted(cli, "wrote mps (MPO·MPS, ket) to y.zarr: 20 sites, max "
                                        "bond 16, …"), printed["src-dask run"])
     shown = _quoted(cli, "RESULT against MPO·MPS: relative error …")
     Sample("start").check(shown.replace("RESULT", "y.zarr"), printed["src-dask distance"])
+
+    # `run --check`: the same error at the end of its line
+    status, out, _ = say([*printed["run argv"], "--check", "--overwrite"])
+    assert _quoted(cli, "`run --check` appends the same error to its line")
+    assert out.rstrip().endswith("; relative error " + printed["src-dask distance"].split()[-1])
 
     # the run with a store, interrupted in pass 2, resumed, then found finished
     (run, info) = _bash_block("cli.md", "--store run.zarr")
