@@ -522,8 +522,11 @@ def test_the_projection_model_is_the_kernels_measured_peak(depth, bond, mpo_bond
     """``project_row_bytes`` (what the plan, the estimate and the OOM halving size a
     projection by) against what the kernel allocates, measured with tracemalloc
     (NumPy reports its buffers there) on a few shapes: within 0.75-1.25x, so the
-    model neither hides the contraction's intermediates nor refuses runs that fit."""
-    import tracemalloc
+    model neither hides the contraction's intermediates nor refuses runs that fit.
+    Measured in a process of its own: tracemalloc counts every thread's allocations,
+    and threads other tests leave behind (a cluster's) would count in this one's."""
+    import subprocess
+    import sys
 
     from helpers import random_mpo, random_mps
 
@@ -531,19 +534,26 @@ def test_the_projection_model_is_the_kernels_measured_peak(depth, bond, mpo_bond
 
     trains = [random_mpo(6, mpo_bond, phys=phys, seed=i) for i in range(depth)]
     stack = make_stack((*trains, random_mps(6, bond, phys=phys, seed=9)))
-    rng = np.random.default_rng(0)
-    shapes = stack.shapes(3)
-    cores = [rng.standard_normal(s) + 1j * rng.standard_normal(s) for s in shapes]
+    shapes = [tuple(int(d) for d in s) for s in stack.shapes(3)]
     rows = 20
-    env = rng.standard_normal((rows, *(s[1] for s in shapes))) + 0j
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        K.project_core(cores, env)
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    script = f"""
+import tracemalloc
+import numpy as np
+from src_dask import _kernels as K
+rng = np.random.default_rng(0)
+shapes = {shapes!r}
+cores = [rng.standard_normal(s) + 1j * rng.standard_normal(s) for s in shapes]
+env = rng.standard_normal(({rows}, *(s[1] for s in shapes))) + 0j
+tracemalloc.start()
+base = tracemalloc.get_traced_memory()[0]
+tracemalloc.reset_peak()
+K.project_core(cores, env)
+print(tracemalloc.get_traced_memory()[1] - base)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True)
+    peak = int(run.stdout.split()[-1])
+    cores = [np.empty(s, complex) for s in shapes]
     assert 0.75 <= peak / (rows * K.project_row_bytes(cores)) <= 1.25
 
 
