@@ -154,12 +154,16 @@ def test_truncated_results_agree_with_the_native_ones_and_real_runs_are_unchange
     assert same_cores(y_real, real_native)
 
 
-def test_the_plan_counts_the_planes_of_three_real_products():
+def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
     trains = [random_mpo(6, 8, 2, seed=1), random_mps(6, 16, 2, seed=2)]
     stack = make_stack(list(trains))
     eq, shapes = _estimate._project_eq(stack), _estimate._project_shapes(stack, 3, 64)
     assert _kernels.contraction_elements(eq, shapes, True) > _kernels.contraction_elements(
         eq, shapes)
+    with monkeypatch.context() as m:  # steps too thin to be made as three count as native
+        m.setattr(_kernels, "THREE_REAL_MIN", 10**6)
+        assert _kernels.contraction_elements(eq, shapes, True) == \
+            _kernels.contraction_elements(eq, shapes)
     with _three():
         gpu = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
         gpu_columns = _plan.sketch_column_bytes(stack, "gpu")

@@ -263,7 +263,8 @@ def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
     """Elements :func:`contract` holds at once besides its inputs, for arrays of
     ``shapes``: at each pairwise step the intermediates still alive, the
     transposed copies of the two operands and the product (its result included);
-    ``three``: products made as three real ones (:func:`three_real_elements`)."""
+    ``three``: products wide enough made as three real ones (:func:`matmul`,
+    :func:`three_real_elements`)."""
     steps, _ = _plan(eq, tuple(tuple(int(d) for d in s) for s in shapes))
     ops = [(prod(s), False) for s in shapes]  # (elements, made here)
     peak = 0
@@ -279,7 +280,7 @@ def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
             out = prod(shape_out)
             copies = (prod(shape_a) * (list(perm_a) != sorted(perm_a))
                       + prod(shape_b) * (list(perm_b) != sorted(perm_b)))
-            if three:
+            if three and min(shape_a[1], shape_a[2], shape_b[2]) >= THREE_REAL_MIN:
                 copies = three_real_elements(prod(shape_a), prod(shape_b), out) - out
         peak = max(peak, alive + copies + out)
         ops.append((out, True))
