@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, NamedTuple, TextIO
 
 import dask
@@ -462,7 +463,10 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
     log.info("src: %.3g FLOPs: the run is one task on one worker", flops)
     with in_graph(stack):
-        future = client.submit(_graph.compute_here, *_graph.seal(dsk), wanted, pure=False)
+        # a CPU worker's malloc as glibc's default while it computes (tasks.with_heap)
+        here = (partial(_graph.tasks.with_heap, _graph.compute_here)
+                if _plan.own_heap(plan.device, ("worker",)) else _graph.compute_here)
+        future = client.submit(here, *_graph.seal(dsk), wanted, pure=False)
     try:
         if persist:
             n = stack.n

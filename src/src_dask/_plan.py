@@ -208,6 +208,8 @@ class SweepPlan:
     cut_env: tuple[bool, ...] = ()
     # per site j >= 1: how pass 2's step there is cut into tasks (not split pass 2)
     steps: tuple[SiteStep | None, ...] = ()
+    # each task with glibc's default reuse of freed blocks while it runs (own_heap)
+    own_heap: bool = False
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, addresses: list[str] | None) -> SweepPlan:
@@ -235,6 +237,7 @@ class SweepPlan:
         return cls(plan=plan, addresses=addresses, groups=groups,
                    copy_inputs=copy_inputs(plan.device, addresses),
                    own_streams=own_streams(plan.device, addresses),
+                   own_heap=own_heap(plan.device, addresses),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
                    fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
 
@@ -662,6 +665,15 @@ def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     it ends, so nothing is sent half made. One GPU keeps tasks that only queue
     kernels (nothing is sent)."""
     return device == "gpu" and len(addresses) > 1
+
+
+def own_heap(device: str, addresses: tuple[str, ...]) -> bool:
+    """Whether each task keeps glibc's default reuse of freed blocks while it runs
+    (``_graph.tasks.with_heap``): CPU tasks on a cluster, whose worker processes Dask's
+    nanny starts with ``MALLOC_TRIM_THRESHOLD_`` set, which makes every temporary of a
+    contraction a fresh mmap (1.4x a run's time on one core). Not GPU tasks: their
+    large arrays are on the device."""
+    return device == "cpu" and bool(addresses)
 
 
 def row_owner(block: int, blocks: int, n_workers: int) -> int:
