@@ -77,6 +77,17 @@ def test_pass_2_runs_on_the_first_of_several_single_threaded_cpu_workers(
     assert gpu.pass2 is _plan.Pass2.HOME
 
 
+def test_one_task_beats_a_graph_whose_pass_2_runs_on_one_worker_when_pass_1_is_small():
+    first, spread = _plan.Pass2.FIRST, _plan.Pass2.SPREAD
+    # L=50, χ=200 (pass 1 25 GFLOP) on 2 workers: 0.31 s saved < 100 round trips (0.7 s)
+    assert _plan.one_task_beats_graph(25e9, 50, 2, first, 1, "cpu")
+    assert not _plan.one_task_beats_graph(84e9, 50, 2, first, 1, "cpu")  # χ=300: 1.05 s
+    assert _plan.one_task_beats_graph(1e15, 50, 1, _plan.Pass2.ONE_WORKER, 1, "cpu")
+    assert not _plan.one_task_beats_graph(25e9, 50, 2, spread, 1, "cpu")  # pass 2 shared
+    assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_WORKER, 2, "cpu")
+    assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_GPU, 1, "gpu")
+
+
 @pytest.mark.parametrize("blocks, workers", [(1, 2), (2, 2), (5, 2), (7, 3), (4, 4)])
 def test_row_owners_are_contiguous_and_use_every_worker_they_can(blocks, workers):
     owners = [_plan.row_owner(b, blocks, workers) for b in range(blocks)]

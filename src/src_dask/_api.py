@@ -438,12 +438,19 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
                     facts: _plan.Workers) -> float | None:
     """The FLOPs of a run on ``client`` small enough to run as one task on one worker
     (None for any other): at most ``src_dask.one-task-flops`` (the round trips of a
-    graph of many dependent tasks would cost more than its arithmetic), its data and
+    graph of many dependent tasks would cost more than its arithmetic), or on
+    single-threaded CPU workers whose graph would gain less from running pass 1 side
+    by side than its round trips cost (``_plan.one_task_beats_graph``); its data and
     largest task within what a worker's tasks may use together."""
     if client is None or plan.task_bytes is None:
         return None
-    total = sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values())
-    if total > float(config.get("one-task-flops")):
+    bound = float(config.get("one-task-flops"))
+    flops = _estimate.flops(stack, plan.sketch, plan.chi_out, plan.round)
+    total = sum(flops.values())
+    if total > bound and not (bound > 0 and _plan.one_task_beats_graph(
+            flops["pass 1"], stack.n, facts.count,
+            _plan.SweepPlan.decide(stack, plan, _addresses(client)).pass2,
+            plan.threads, plan.device)):
         return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)

@@ -667,6 +667,29 @@ def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     return device == "gpu" and len(addresses) > 1
 
 
+#: What :func:`one_task_beats_graph` assumes of a CPU cluster, measured on the 2-core
+#: machine (2026-12-02, L=50, χ=200, 113 GFLOP): one core (single-threaded BLAS, as Dask's
+#: nanny starts workers) makes ~4e10 FLOP/s of the sweep's contractions (2.6 s), and
+#: each dependent task of a graph on two workers waited ~7 ms for the scheduler (0.7 s
+#: of a call's 3.7 s, against 3.0 s for the run as one task).
+CORE_FLOPS = 4e10
+ROUND_TRIP_S = 7e-3
+
+
+def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
+                         pass2: Pass2, threads: int, device: str) -> bool:
+    """Whether a CPU run on single-threaded workers whose pass 2 would run on one of
+    them anyway (``Pass2.together``: ``FIRST``, ``ONE_WORKER``) is faster as one task
+    than as a graph: the graph runs pass 1's block chains side by side, saving at most
+    ``1 - 1/W`` of pass 1 (at :data:`CORE_FLOPS`), and pays a scheduler round trip
+    (:data:`ROUND_TRIP_S`) per dependent task of both passes' chains, one a site each.
+    Config ``one-task-flops`` decides first, below its bound; at 0 no run is one task."""
+    if device != "cpu" or threads != 1 or not pass2.together:
+        return False
+    saved = pass1_flops * (1 - 1 / max(1, n_workers)) / CORE_FLOPS
+    return saved < 2 * sites * ROUND_TRIP_S
+
+
 def own_heap(device: str, addresses: tuple[str, ...]) -> bool:
     """Whether each task keeps glibc's default reuse of freed blocks while it runs
     (``_graph.tasks.with_heap``): CPU tasks on a cluster, whose worker processes Dask's
