@@ -120,7 +120,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         log.info("src: seed %d", seed)
         return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
                     facts, progress, performance_report, persist=persist,
-                    info=RunInfo(seed=seed, quimb_ids=quimb_ids))
+                    info=RunInfo(seed=seed, quimb_ids=quimb_ids), chunk_given=chunk is not None)
     asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
              "dtype": stack.dtype.name, "seed": seed}
     return _run_in_store(stack, plan, store, asked, overwrite, client, facts, progress,
@@ -382,15 +382,21 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
          run: OpenRun | None = None, resume: Progress | None = None,
-         persist: bool = False, info: RunInfo | None = None) -> TensorTrain | None:
+         persist: bool = False, info: RunInfo | None = None,
+         chunk_given: bool = True) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
     ``persist``: the result's cores stay on the cluster (see :func:`src`); ``info``:
-    what the result says of its run (the discarded weights added here)."""
+    what the result says of its run (the discarded weights added here);
+    ``chunk_given``: the caller chose the chunk (else a run as one task, whose blocks
+    run one after the other, takes one worker's default: fewer, larger GEMMs)."""
     persist = persist and client is not None and run is None
     if run is None and not progress and performance_report is None:
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
+            if not chunk_given:
+                plan = dataclasses.replace(plan, chunk=min(plan.sketch, _plan.default_chunk(
+                    stack, plan.sketch, max(1, facts.threads), plan.task_bytes, plan.device)))
             return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
