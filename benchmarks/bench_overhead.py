@@ -123,6 +123,8 @@ def _step(key: Any) -> str:
 
     name = key if isinstance(key, str) else key[0]
     step = re.sub(r"_site\d+", "", name.split("-")[0])
+    if step == "src_after":  # a signal that a step has run (its step's name follows)
+        return step
     parts = [p for p in (key[1:] if isinstance(key, tuple) else ()) if isinstance(p, str)]
     return " ".join([step, *parts[:1]])
 
