@@ -20,8 +20,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import dask
 import numpy as np
 from accuracy import core_difference
+from bench_overhead import breakdown
 from device import Device, gemm_rate, run_gemm
 from flops import PLAN_CONVENTION, PLAN_LEGEND, plan_flops, rates
 from harness import (
@@ -82,16 +84,36 @@ def time_methods(A, psi, args, device: Device) -> tuple[dict[str, Any], dict[str
                       dashboard_address=None) as cluster, Client(cluster) as client:
         startup = time.perf_counter() - t0
         worker_blas = client.run(blas_info)
+        worker_env = client.run(_worker_env)
         run = mpo_mps_runner("src_dask", A, psi, args.chi, device, seed=0, client=client)
         timings["src_dask_cluster"], results["src_dask_cluster"] = best_of(
             run, args.repeats, own_cpu=cluster_cpu(client))
+        # where a call's time goes: as src_dask runs it, and as a graph of many tasks
+        calls = {"as_run": breakdown(A, psi, args.chi, client, threads=args.workers)}
+        with dask.config.set({"src_dask.one-task-flops": 0}):
+            calls["as_graph"] = breakdown(A, psi, args.chi, client, threads=args.workers)
     timings["src_dask_cluster"].update(
         cluster_startup_s=startup, cluster={"n_workers": args.workers, "threads_per_worker": 1,
                                             "processes": True,
-                                            "worker_blas": list(worker_blas.values())})
+                                            "worker_blas": list(worker_blas.values()),
+                                            "worker_env": list(worker_env.values())},
+        breakdown=calls)
+    for name, b in calls.items():
+        print(f"  cluster call {name}: {b['call']:.3f} s, {b['tasks']} tasks, compute "
+              f"{b['compute']:.3f} s, idle {b['idle']:.3f} thread-s, "
+              f"{sum(b['bytes_between_workers'].values()) / 1e6:.1f} MB between workers")
     print(f"src_dask_cluster: best {timings['src_dask_cluster']['best_s']:.3f} s "
           f"(cluster start {startup:.1f} s, not counted)", flush=True)
     return timings, results
+
+
+def _worker_env() -> dict[str, str | None]:
+    """What a worker process was started with that bears on its arithmetic: its BLAS
+    threads, and glibc's malloc thresholds (Dask's nanny sets the trim threshold)."""
+    import os
+
+    return {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                           "MKL_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")}
 
 
 def errors_of(A, psi, results: dict[str, Any], L: int) -> dict[str, Any]:

@@ -84,7 +84,8 @@ def breakdown(A: Any, psi: Any, chi: int, client: Any, threads: int = 2) -> dict
     seconds, summed), ``idle`` (thread-seconds of the worker's ``threads`` without a
     task within the span: waits for the scheduler's round trips between dependent
     tasks), ``after_last`` (the last task's end to the call's return: the result
-    gathered)."""
+    gathered), ``compute_by_step`` (the compute seconds of each step, ``pass2 qr``…)
+    and ``bytes_between_workers`` (by step: what the workers sent each other)."""
     import time
 
     from distributed import get_task_stream
@@ -94,17 +95,49 @@ def breakdown(A: Any, psi: Any, chi: int, client: Any, threads: int = 2) -> dict
     t0 = time.perf_counter()
     src_dask.plan(A, psi, chi_out=chi, client=client)
     planning = time.perf_counter() - t0
+    client.run(_clear_transfers)
     with get_task_stream(client=client) as stream:
         wall0, t0 = time.time(), time.perf_counter()
         src_dask.apply(A, psi, chi, seed=0, client=client)
         call, wall1 = time.perf_counter() - t0, time.time()
-    spans = [(ss["start"], ss["stop"]) for t in stream.data for ss in t.get("startstops", ())
-             if ss["action"] == "compute"]
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    compute = sum(e - s for s, e in spans)
+    spans = [(ss["start"], ss["stop"], t["key"]) for t in stream.data
+             for ss in t.get("startstops", ()) if ss["action"] == "compute"]
+    first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+    compute = sum(e - s for s, e, _ in spans)
+    by_step: dict[str, float] = {}
+    for s, e, key in spans:
+        by_step[_step(key)] = by_step.get(_step(key), 0.0) + e - s
+    crossed: dict[str, float] = {}
+    for keys in client.run(_transfers).values():
+        for key, nbytes in keys:
+            crossed[_step(key)] = crossed.get(_step(key), 0.0) + nbytes
     return {"tasks": len(stream.data), "plan": planning, "call": call,
             "to_first": first - wall0, "tasks_span": last - first, "compute": compute,
-            "idle": max(0.0, threads * (last - first) - compute), "after_last": wall1 - last}
+            "idle": max(0.0, threads * (last - first) - compute), "after_last": wall1 - last,
+            "compute_by_step": by_step, "bytes_between_workers": crossed}
+
+
+def _step(key: Any) -> str:
+    """A task's step without its site and token (``pass2_site7-…, "qr"`` → ``pass2 qr``)."""
+    import re
+
+    name = key if isinstance(key, str) else key[0]
+    step = re.sub(r"_site\d+", "", name.split("-")[0])
+    if step == "src_after":  # a signal that a step has run (its step's name follows)
+        return step
+    parts = [p for p in (key[1:] if isinstance(key, tuple) else ()) if isinstance(p, str)]
+    return " ".join([step, *parts[:1]])
+
+
+def _clear_transfers(dask_worker: Any) -> None:
+    dask_worker.transfer_incoming_log.clear()
+
+
+def _transfers(dask_worker: Any) -> list[tuple[Any, int]]:
+    """The keys this worker received from others since :func:`_clear_transfers`, with
+    their bytes."""
+    return [(k, n) for log in dask_worker.transfer_incoming_log
+            for k, n in log["keys"].items()]
 
 
 CONFIG = Config(

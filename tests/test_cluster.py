@@ -556,6 +556,36 @@ def test_a_small_run_on_a_cluster_is_one_task(cluster_client):
         assert close_cores(y, src_dask.src(*trains, chi_out=10, seed=3))
 
 
+@pytest.mark.timeout(120)
+def test_a_run_past_the_bound_is_one_task_where_its_graph_would_be_slower(cluster_client):
+    """On single-threaded CPU workers, where pass 2 runs on one worker anyway
+    (Pass2.FIRST), a run past ``one-task-flops`` is still one task when running pass
+    1's chains side by side would save less than the graph's round trips cost
+    (``_plan.one_task_beats_graph``): one task in the stream, the threaded run's cores
+    to 1e-12. A larger pass 1 (the model's rate made small) gets the graph."""
+    from distributed import get_task_stream
+
+    from src_dask import _estimate
+    from src_dask._stack import make_stack
+
+    trains = (random_mpo(16, 4, seed=1), random_mps(16, 110, seed=2))
+    stack = make_stack(trains)
+    flops = _estimate.flops(stack, 110, 110, False)
+    assert sum(flops.values()) > dask.config.get("src_dask.one-task-flops")
+    ref = src_dask.src(*trains, chi_out=110, seed=3)
+    cluster_client.wait_for_workers(2, timeout=60)
+    with get_task_stream(client=cluster_client) as stream:
+        y = src_dask.src(*trains, chi_out=110, seed=3, client=cluster_client)
+    assert len(stream.data) == 1
+    assert close_cores(y, ref)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_plan, "CORE_FLOPS", 1.0)  # pass 1 worth running side by side
+        with get_task_stream(client=cluster_client) as stream:
+            y = src_dask.src(*trains, chi_out=110, seed=3, client=cluster_client)
+    assert len(stream.data) > 16
+    assert close_cores(y, ref)
+
+
 @pytest.mark.parametrize("one_task", [True, False])
 def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, one_task,
                                                               monkeypatch):

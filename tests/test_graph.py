@@ -24,11 +24,11 @@ def _layouts(many_tasks):
     """Small runs here are graphs of many tasks: their layout is what is tested."""
 
 
-def _sweep(n=6, chunk=3, oversample=0, workers=None):
+def _sweep(n=6, chunk=3, oversample=0, workers=None, threads=1):
     a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
     stack = make_stack((a, x))
     plan = _plan.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
-                       key=_random.seed_key(0), round=oversample > 0)
+                       key=_random.seed_key(0), round=oversample > 0, threads=threads)
     return dict(_graph.build(stack, plan, workers).dask)
 
 
@@ -49,8 +49,8 @@ def test_task_prefixes_name_pass_and_site():
 
 
 def test_graph_shape_per_site():
-    # 8 columns in blocks of 3 -> 3 blocks, spread over two CPU workers
-    dsk = _sweep(n=6, chunk=3, workers=["w0", "w1"])
+    # 8 columns in blocks of 3 -> 3 blocks, spread over two CPU workers of two threads
+    dsk = _sweep(n=6, chunk=3, workers=["w0", "w1"], threads=2)
     keys = list(dsk)
     pass1 = [k for k in keys if key_split(k).startswith("pass1") and isinstance(k[1], int)]
     assert len(pass1) == 3 * 5  # one task per block and site
@@ -150,6 +150,132 @@ def test_default_chunk_caps_block_size(monkeypatch):
     stack = make_stack((random_mpo(6, 3, seed=1), random_mps(6, 4, seed=2)))
     with dask.config.set({"src_dask.block-size": 16 * 12 * 10}):  # 10 columns of a 3*4 env
         assert _plan.default_chunk(stack, 100, 1) == 10
+
+
+def _first_worker_graph(n=7, read_ahead=2):
+    """The graph of a run on two single-threaded CPU workers whose ``Z`` is whole at
+    every site (``Pass2.FIRST``): two blocks of sketch columns, one per worker."""
+    stack = make_stack((random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)))
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+                       threads=1, read_ahead=read_ahead)
+    assert _plan.SweepPlan.decide(stack, plan, ["w0", "w1"]).pass2 is _plan.Pass2.FIRST
+    graph = _graph.build(stack, plan, workers=["w0", "w1"])
+    token = next(k for k in graph.dask if isinstance(k, str)
+                 and k.startswith("src_result-"))[11:]
+    return dict(graph.dask), _where(graph), token
+
+
+@pytest.mark.timeout(60)
+def test_pass_2_on_the_first_of_two_cpu_workers_is_one_dependent_task_a_site():
+    """Two single-threaded CPU workers, Z whole at every site: pass 1 runs over both,
+    pass 2 on the first, one task a site (sketch pieces, QR, update, next Z) that
+    depends on the site before's task directly: one scheduler round trip a site on
+    the critical path, where the spread layout had two (sketch pieces where the blocks
+    of C_j are, then the QR) and sent Z_j to the other worker. The other worker's
+    block of C_j is fetched to the first ahead of use (read_ahead sites), off the
+    critical path."""
+    n, ahead = 7, 2
+    dsk, where, token = _first_worker_graph(n, ahead)
+
+    def name(step, j):
+        return f"{step}_site{j}-{token}"
+
+    pass1 = [k for k in dsk if key_split(k).startswith("pass1")]
+    assert {where[k] for k in pass1} == {"w0", "w1"}
+    for j in range(1, n):
+        site = sorted(k[1:] for k in dsk if key_split(k) == f"pass2_site{j}")
+        assert site == sorted([("core",), ("fetch", 1), ("qr",)] + (
+            [("project", 0)] if j == n - 1 else [])), j
+        qr, fetch = (name("pass2", j), "qr"), (name("pass2", j), "fetch", 1)
+        assert where[qr] == where[fetch] == "w0"
+        steps = {d for d in _deps(dsk, qr) if key_split(d).startswith("pass2")}
+        before = (name("pass2", j + 1), "qr") if j < n - 1 else (name("pass2", j), "project", 0)
+        assert steps == {before, fetch}, j  # the site before's task, and the fetched block
+        assert (name("pass1", j - 1), 0) in _deps(dsk, qr)  # block 0 of C_j: made on w0
+        assert (name("pass1", j - 1), 1) in _deps(dsk, fetch)  # block 1: fetched from w1
+        signals = {d for d in _deps(dsk, fetch) if key_split(d) == "src_after"}
+        if j + ahead < n:  # fetched once site j + ahead's core is made, not at the start
+            assert signals == {(f"src_after-{token}", name("pass2", j + ahead), "core")}
+        else:
+            assert not signals
+    # per site of pass 2: the step, its output core and one fetch (no sketch, project
+    # or update tasks): 3 tasks, against 5 spread (2 sketch pieces, the QR, Z, core)
+    assert len([k for k in dsk if key_split(k).startswith("pass2")]) == 3 * (n - 1) + 3
+
+
+@pytest.mark.timeout(120)
+def test_pass_2_on_the_first_worker_moves_only_pass_1s_blocks_and_inputs(cluster_client):
+    """On two single-threaded workers (Pass2.FIRST) nothing of pass 2 crosses between
+    the workers: only the other worker's blocks of C_j (each once) and the prepared
+    input cores (each at most once a worker); the cores are the one-process run's
+    (1e-12), and the same on a second call bit for bit."""
+    from helpers import close_cores
+
+    trains = (random_mpo(8, 3, seed=1), random_mps(8, 16, seed=2))
+    ref = src_dask.src(*trains, chi_out=20, seed=3)
+
+    def clear(dask_worker):
+        dask_worker.transfer_incoming_log.clear()
+
+    def received(dask_worker):
+        return [k for log in dask_worker.transfer_incoming_log for k in log["keys"]]
+
+    cluster_client.wait_for_workers(2, timeout=60)
+    cluster_client.run(clear)
+    y = src_dask.src(*trains, chi_out=20, seed=3, client=cluster_client)
+    crossed = [k for keys in cluster_client.run(received).values() for k in keys]
+    steps = {key_split(k)[:5] for k in crossed}
+    assert steps <= {"pass1", "load_"}, steps
+    pass1 = [k for k in crossed if key_split(k).startswith("pass1")]
+    assert len(pass1) == len(set(pass1)) <= 7  # block 1 of C_1 … C_7, once each
+    assert close_cores(y, ref)
+    again = src_dask.src(*trains, chi_out=20, seed=3, client=cluster_client)
+    assert all(np.array_equal(p, q) for p, q in zip(y, again, strict=True))
+
+
+@pytest.mark.timeout(60)
+def test_cpu_tasks_on_a_cluster_keep_glibcs_reuse_of_freed_blocks(monkeypatch):
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_ set, which fixes glibc's
+    mmap threshold at 128 KiB: every temporary of a contraction is then a fresh mmap
+    (1.4x a run on one core). A CPU task on a cluster raises the thresholds while it
+    runs (once for tasks running together) and puts the worker's own back after; a
+    process without the setting is left alone, and GPU or local graphs are as before."""
+    from functools import partial
+
+    from src_dask._graph import tasks
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, what, value):
+            calls.append((what, value))
+            return 1
+
+    monkeypatch.setattr(tasks._Heap, "libc", Libc())
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+
+    def inner():
+        assert calls == [(-3, 32 << 20), (-1, 64 << 20)]  # raised while it runs
+        return 7
+
+    assert tasks.with_heap(tasks.with_heap, inner) == 7  # nested: raised once
+    assert calls[2:] == [(-3, 128 << 10), (-1, 65536)]  # and the worker's put back
+    calls.clear()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    assert tasks.with_heap(lambda: 8) == 8 and not calls
+
+    def wrapped(workers, device):
+        stack = make_stack((random_mpo(5, 3, seed=1), random_mps(5, 4, seed=2)))
+        plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
+                           device=device)
+        dsk = dict(_graph.build(stack, plan, workers=workers).dask)
+        qr = [v for k, v in dsk.items() if k[1:2] == ("qr",)]
+        return {isinstance(t[0], partial) and t[0].func is tasks.with_heap for t in qr}
+
+    assert wrapped(["w0", "w1"], "cpu") == {True}
+    assert wrapped(None, "cpu") == {False}
+    assert wrapped(["w0", "w1"], "gpu") == {False}
 
 
 def test_blocks_stay_on_their_worker(cluster_client):

@@ -56,6 +56,38 @@ def test_site_step(mode, z_here, z_left, want):
     assert (s.fused, s.chain, s.whole) == want
 
 
+@pytest.mark.parametrize("device, threads, z_block_bytes, want", [
+    ("cpu", 1, None, "FIRST"),  # one task at a time per worker, Z whole: on the first
+    ("cpu", 2, None, "SPREAD"),  # threads to run a site's sketch pieces side by side
+    ("cpu", 1, 16 * 40, "SPREAD"),  # Z in row blocks: shared by the workers
+    ("gpu", 1, None, "SPLIT"),  # GPU modes as they were
+])
+def test_pass_2_runs_on_the_first_of_several_single_threaded_cpu_workers(
+        device, threads, z_block_bytes, want):
+    stack = _stack(n=7)
+    extra = {} if z_block_bytes is None else {"z_block_bytes": z_block_bytes}
+    sweep = _plan.SweepPlan.decide(stack, _plan_of(device=device, threads=threads, **extra),
+                                   ["w0", "w1"])
+    assert sweep.pass2 is _plan.Pass2[want]
+    if want == "FIRST":  # every site one task, pinned to the first worker
+        assert sweep.pass2.home and sweep.pass2.together and not sweep.pass2.split
+        assert all(step.fused and not step.chain for step in sweep.steps[1:])
+    with dask.config.set({"src_dask.pass2-split": False}):  # several GPUs: HOME, as before
+        gpu = _plan.SweepPlan.decide(stack, _plan_of(device="gpu"), ["w0", "w1"])
+    assert gpu.pass2 is _plan.Pass2.HOME
+
+
+def test_one_task_beats_a_graph_whose_pass_2_runs_on_one_worker_when_pass_1_is_small():
+    first, spread = _plan.Pass2.FIRST, _plan.Pass2.SPREAD
+    # L=50, χ=200 (pass 1 25 GFLOP) on 2 workers: 0.31 s saved < 100 round trips (0.7 s)
+    assert _plan.one_task_beats_graph(25e9, 50, 2, first, 1, "cpu")
+    assert not _plan.one_task_beats_graph(84e9, 50, 2, first, 1, "cpu")  # χ=300: 1.05 s
+    assert _plan.one_task_beats_graph(1e15, 50, 1, _plan.Pass2.ONE_WORKER, 1, "cpu")
+    assert not _plan.one_task_beats_graph(25e9, 50, 2, spread, 1, "cpu")  # pass 2 shared
+    assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_WORKER, 2, "cpu")
+    assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_GPU, 1, "gpu")
+
+
 @pytest.mark.parametrize("blocks, workers", [(1, 2), (2, 2), (5, 2), (7, 3), (4, 4)])
 def test_row_owners_are_contiguous_and_use_every_worker_they_can(blocks, workers):
     owners = [_plan.row_owner(b, blocks, workers) for b in range(blocks)]

@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, NamedTuple, TextIO
 
 import dask
@@ -119,7 +120,7 @@ def src(*trains: Any, chi_out: int, oversample: int | str = 0, cutoff: float = 0
         log.info("src: seed %d", seed)
         return _run(stack, dataclasses.replace(plan, key=_random.seed_key(seed)), client,
                     facts, progress, performance_report, persist=persist,
-                    info=RunInfo(seed=seed, quimb_ids=quimb_ids))
+                    info=RunInfo(seed=seed, quimb_ids=quimb_ids), chunk_given=chunk is not None)
     asked = {"chi_out": chi_out, "oversample": extra, "cutoff": plan.cutoff,
              "dtype": stack.dtype.name, "seed": seed}
     return _run_in_store(stack, plan, store, asked, overwrite, client, facts, progress,
@@ -381,15 +382,21 @@ def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, An
 def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
          progress: bool | TextIO, performance_report: str | None,
          run: OpenRun | None = None, resume: Progress | None = None,
-         persist: bool = False, info: RunInfo | None = None) -> TensorTrain | None:
+         persist: bool = False, info: RunInfo | None = None,
+         chunk_given: bool = True) -> TensorTrain | None:
     """Build the graph of the run and compute it: the result, or None when it went
     into ``run``. ``facts``: what the workers have (for the plan logged at INFO);
     ``persist``: the result's cores stay on the cluster (see :func:`src`); ``info``:
-    what the result says of its run (the discarded weights added here)."""
+    what the result says of its run (the discarded weights added here);
+    ``chunk_given``: the caller chose the chunk (else a run as one task, whose blocks
+    run one after the other, takes one worker's default: fewer, larger GEMMs)."""
     persist = persist and client is not None and run is None
     if run is None and not progress and performance_report is None:
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
+            if not chunk_given:
+                plan = dataclasses.replace(plan, chunk=min(plan.sketch, _plan.default_chunk(
+                    stack, plan.sketch, max(1, facts.threads), plan.task_bytes, plan.device)))
             return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
@@ -437,12 +444,19 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
                     facts: _plan.Workers) -> float | None:
     """The FLOPs of a run on ``client`` small enough to run as one task on one worker
     (None for any other): at most ``src_dask.one-task-flops`` (the round trips of a
-    graph of many dependent tasks would cost more than its arithmetic), its data and
+    graph of many dependent tasks would cost more than its arithmetic), or on
+    single-threaded CPU workers whose graph would gain less from running pass 1 side
+    by side than its round trips cost (``_plan.one_task_beats_graph``); its data and
     largest task within what a worker's tasks may use together."""
     if client is None or plan.task_bytes is None:
         return None
-    total = sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round).values())
-    if total > float(config.get("one-task-flops")):
+    bound = float(config.get("one-task-flops"))
+    flops = _estimate.flops(stack, plan.sketch, plan.chi_out, plan.round)
+    total = sum(flops.values())
+    if total > bound and not (bound > 0 and _plan.one_task_beats_graph(
+            flops["pass 1"], stack.n, facts.count,
+            _plan.SweepPlan.decide(stack, plan, _addresses(client)).pass2,
+            plan.threads, plan.device)):
         return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
@@ -462,7 +476,10 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
     log.info("src: %.3g FLOPs: the run is one task on one worker", flops)
     with in_graph(stack):
-        future = client.submit(_graph.compute_here, *_graph.seal(dsk), wanted, pure=False)
+        # a CPU worker's malloc as glibc's default while it computes (tasks.with_heap)
+        here = (partial(_graph.tasks.with_heap, _graph.compute_here)
+                if _plan.own_heap(plan.device, ("worker",)) else _graph.compute_here)
+        future = client.submit(here, *_graph.seal(dsk), wanted, pure=False)
     try:
         if persist:
             n = stack.n

@@ -78,8 +78,9 @@ class SiteStep:
 
 
 class Pass2(enum.Enum):
-    """Where pass 2 runs, for the whole sweep: one of six exclusive modes, decided
-    from the device, the workers and config ``pass2-split`` (:meth:`decide`). The
+    """Where pass 2 runs, for the whole sweep: one of seven exclusive modes, decided
+    from the device, the workers and config ``pass2-split`` (:meth:`decide`; ``FIRST``
+    from ``SPREAD`` by :meth:`SweepPlan.decide`, which knows the sites' ``Z``). The
     properties below are the decisions each mode implies at every site.
 
     ``LOCAL``: Dask's local scheduler on a CPU. The sketch pieces stay separate
@@ -92,6 +93,13 @@ class Pass2(enum.Enum):
     which fetches the others' blocks of ``C_j`` ahead of use.
     ``SPREAD``: several CPU workers share ``Z``'s row blocks, summing ``S_{j-1}``
     along them.
+    ``FIRST``: several single-threaded CPU workers, ``Z`` whole at every site (where
+    ``SPREAD`` has nothing to share but the sketch pieces): pass 1 over all of them,
+    all of pass 2 on the first, a site one task, the others' blocks of ``C_j`` fetched
+    to it ahead of use (as ``HOME`` on GPUs). Spread, each site moved ``Z_j`` to the
+    workers of ``C_j``'s blocks and paid two scheduler round trips on the critical
+    path for a sketch piece a few milliseconds long (2026-12-02, the 2-core machine,
+    L=50, χ=200: 5.5 s against the threaded scheduler's 2.4 s).
     ``SPLIT``: several workers share every site of pass 2 by rows of ``Z``
     (docs/design.md §8): each projects its rows, sketches them against the whole
     ``C_j`` (the blocks it did not make in pass 1 are copied to it ahead of use),
@@ -106,17 +114,19 @@ class Pass2(enum.Enum):
     HOME = "home"
     SPREAD = "spread"
     SPLIT = "split"
+    FIRST = "first worker"
 
     @property
     def home(self) -> bool:
-        """All of pass 2 is pinned to the first worker (several GPUs, no split)."""
-        return self is Pass2.HOME
+        """All of pass 2 is pinned to the first worker, which fetches the other
+        workers' blocks of ``C_j`` ahead of use (several GPUs, no split; or ``FIRST``)."""
+        return self in (Pass2.HOME, Pass2.FIRST)
 
     @property
     def together(self) -> bool:
         """Pass 2 runs in one place on a cluster or a GPU: a site whose ``Z`` is whole
         is one task, and a chain through ``Z``'s row blocks is one task too."""
-        return self in (Pass2.ONE_WORKER, Pass2.ONE_GPU, Pass2.HOME)
+        return self in (Pass2.ONE_WORKER, Pass2.ONE_GPU, Pass2.HOME, Pass2.FIRST)
 
     @property
     def spread(self) -> bool:
@@ -130,7 +140,7 @@ class Pass2(enum.Enum):
         lives (a CPU); else one task per row block of ``Z`` against all of ``C_j``
         (a GPU multiplies so fast that moving data dominates, so ``C_j`` goes to
         ``Z``, smaller by the physical legs)."""
-        return self in (Pass2.LOCAL, Pass2.ONE_WORKER, Pass2.SPREAD)
+        return self in (Pass2.LOCAL, Pass2.ONE_WORKER, Pass2.SPREAD, Pass2.FIRST)
 
     @property
     def split(self) -> bool:
@@ -198,6 +208,8 @@ class SweepPlan:
     cut_env: tuple[bool, ...] = ()
     # per site j >= 1: how pass 2's step there is cut into tasks (not split pass 2)
     steps: tuple[SiteStep | None, ...] = ()
+    # each task with glibc's default reuse of freed blocks while it runs (own_heap)
+    own_heap: bool = False
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, addresses: list[str] | None) -> SweepPlan:
@@ -215,6 +227,8 @@ class SweepPlan:
             blocks[j - 1] = max(blocks[j - 1], env[j])
         fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
+        if pass2.spread and on_first_worker(plan, blocks, fits, bounded):
+            pass2 = Pass2.FIRST
         steps = (None,) + tuple(pass2.step(blocks[j], blocks[j - 1], fits=fits[j],
                                            bounded=bounded[j], cut_env=cut[j],
                                            reproject=not pass2.split
@@ -223,8 +237,21 @@ class SweepPlan:
         return cls(plan=plan, addresses=addresses, groups=groups,
                    copy_inputs=copy_inputs(plan.device, addresses),
                    own_streams=own_streams(plan.device, addresses),
+                   own_heap=own_heap(plan.device, addresses),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
                    fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
+
+
+def on_first_worker(plan: Plan, blocks: list[int], fits: tuple[bool, ...],
+                    bounded: tuple[bool, ...]) -> bool:
+    """Whether pass 2 over several CPU workers runs on the first (``Pass2.FIRST``), not
+    spread: where each worker runs one task at a time (``plan.threads``: more threads
+    would run a site's sketch pieces side by side) and every site's ``Z`` is whole and
+    its step fits one task, so spreading it would share only the sketch pieces, at the
+    price of ``Z_j`` crossing to every block's worker and two scheduler round trips a
+    site on the critical path. Not for reprojected cores (GPU plans)."""
+    return (plan.device == "cpu" and plan.threads == 1 and not plan.reproject
+            and all(b == 1 for b in blocks) and all(fits) and not any(bounded))
 
 
 # -- the sketch ------------------------------------------------------------------------
@@ -638,6 +665,38 @@ def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     it ends, so nothing is sent half made. One GPU keeps tasks that only queue
     kernels (nothing is sent)."""
     return device == "gpu" and len(addresses) > 1
+
+
+#: What :func:`one_task_beats_graph` assumes of a CPU cluster, measured on the 2-core
+#: machine (2026-12-02, L=50, χ=200, 113 GFLOP): one core (single-threaded BLAS, as Dask's
+#: nanny starts workers) makes ~4e10 FLOP/s of the sweep's contractions (2.6 s), and
+#: each dependent task of a graph on two workers waited ~7 ms for the scheduler (0.7 s
+#: of a call's 3.7 s, against 3.0 s for the run as one task).
+CORE_FLOPS = 4e10
+ROUND_TRIP_S = 7e-3
+
+
+def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
+                         pass2: Pass2, threads: int, device: str) -> bool:
+    """Whether a CPU run on single-threaded workers whose pass 2 would run on one of
+    them anyway (``Pass2.together``: ``FIRST``, ``ONE_WORKER``) is faster as one task
+    than as a graph: the graph runs pass 1's block chains side by side, saving at most
+    ``1 - 1/W`` of pass 1 (at :data:`CORE_FLOPS`), and pays a scheduler round trip
+    (:data:`ROUND_TRIP_S`) per dependent task of both passes' chains, one a site each.
+    Config ``one-task-flops`` decides first, below its bound; at 0 no run is one task."""
+    if device != "cpu" or threads != 1 or not pass2.together:
+        return False
+    saved = pass1_flops * (1 - 1 / max(1, n_workers)) / CORE_FLOPS
+    return saved < 2 * sites * ROUND_TRIP_S
+
+
+def own_heap(device: str, addresses: tuple[str, ...]) -> bool:
+    """Whether each task keeps glibc's default reuse of freed blocks while it runs
+    (``_graph.tasks.with_heap``): CPU tasks on a cluster, whose worker processes Dask's
+    nanny starts with ``MALLOC_TRIM_THRESHOLD_`` set, which makes every temporary of a
+    contraction a fresh mmap (1.4x a run's time on one core). Not GPU tasks: their
+    large arrays are on the device."""
+    return device == "cpu" and bool(addresses)
 
 
 def row_owner(block: int, blocks: int, n_workers: int) -> int:

@@ -46,6 +46,8 @@ class GraphBuilder:
         func = partial(func, **static) if static else func
         if self.sweep.own_streams:
             func = partial(tasks.on_own_stream, func)
+        elif self.sweep.own_heap:
+            func = partial(tasks.with_heap, func)
         self.tasks[key] = (func, *deps)
         return key
 

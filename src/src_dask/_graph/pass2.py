@@ -108,15 +108,15 @@ class _Pass2:
 
     def block_envs(self, j: int) -> list[Any]:
         """The keys of ``C_j``'s blocks as pass 2 uses them: with a store, the end of
-        the block's chain (``C_j`` is then read from disk); on several GPUs, fetched
-        to the first worker ahead of use."""
+        the block's chain (``C_j`` is then read from disk); where all of pass 2 runs on
+        the first worker (``Pass2.home``), fetched to it ahead of use."""
         g, n, out = self.g, self.stack.n, []
         for c in range(len(self.plan.blocks)):
             env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
             if self.on_host(j):
                 env = self.place(g.add((g.name("pass2", j), "fetch", c), tasks.to_device, env,
                                        self.fetch_after(j)), c)
-            elif self.sweep.pass2.home and self.store is None and c % self.sweep.groups:
+            elif self.sweep.pass2.home and self.store is None and c % max(1, self.g.n_workers):
                 env = g.pin(g.add((g.name("pass2", j), "fetch", c), tasks.first, env,
                                   self.ahead_of(j)), 0)
             out.append(env)
