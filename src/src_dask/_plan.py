@@ -98,8 +98,8 @@ class Pass2(enum.Enum):
     all of pass 2 on the first, a site one task, the others' blocks of ``C_j`` fetched
     to it ahead of use (as ``HOME`` on GPUs). Spread, each site moved ``Z_j`` to the
     workers of ``C_j``'s blocks and paid two scheduler round trips on the critical
-    path for a sketch piece a few milliseconds long (2026-12-02, the 2-core machine,
-    L=50, χ=200: 5.5 s against the threaded scheduler's 2.4 s).
+    path for a sketch piece a few milliseconds long (benchmarks/README.md's
+    ``bench_cpu.py`` section compares the two).
     ``SPLIT``: several workers share every site of pass 2 by rows of ``Z``
     (docs/design.md §8): each projects its rows, sketches them against the whole
     ``C_j`` (the blocks it did not make in pass 1 are copied to it ahead of use),
@@ -667,11 +667,10 @@ def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     return device == "gpu" and len(addresses) > 1
 
 
-#: What :func:`one_task_beats_graph` assumes of a CPU cluster, measured on the 2-core
-#: machine (2026-12-02, L=50, χ=200, 113 GFLOP): one core (single-threaded BLAS, as Dask's
-#: nanny starts workers) makes ~4e10 FLOP/s of the sweep's contractions (2.6 s), and
-#: each dependent task of a graph on two workers waited ~7 ms for the scheduler (0.7 s
-#: of a call's 3.7 s, against 3.0 s for the run as one task).
+#: What :func:`one_task_beats_graph` assumes of a CPU cluster: the FLOP/s one core makes
+#: of the sweep's contractions (single-threaded BLAS, as Dask's nanny starts workers), and
+#: how long each dependent task of a graph waits for the scheduler; both measured by
+#: ``bench_cpu.py`` (benchmarks/README.md).
 CORE_FLOPS = 4e10
 ROUND_TRIP_S = 7e-3
 

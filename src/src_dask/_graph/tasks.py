@@ -58,8 +58,8 @@ def with_heap(func: Callable[..., Any], *args: Any) -> Any:
     Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``
     (``distributed.nanny.pre-spawn-environ``), which also fixes glibc's mmap threshold
     at 128 KiB: every temporary of a contraction is then a fresh mmap whose pages
-    fault in on first touch. On one core, L=50, χ=200 took 3.6 s so against 2.5 s
-    (2026-12-02, the 2-core machine). The thresholds are raised while any task of
+    fault in on first touch (benchmarks/README.md, ``bench_cpu.py``, has the cost).
+    The thresholds are raised while any task of
     the process runs and the worker's own put back when none does, so memory is
     returned to the system between tasks as Dask wants; a process started without
     the setting (or without glibc) is left as it is."""
