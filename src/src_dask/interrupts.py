@@ -60,8 +60,9 @@ def sigint_deferred() -> Iterator[Callable[[], bool]]:
     try:
         yield lambda: bool(came)
     finally:
-        if signal.SIGINT in signal.sigpending():
-            signal.sigwait({signal.SIGINT})  # take it off the pending set; it is recorded
+        # take a pending one off the pending set without waiting (it is recorded): another
+        # thread with SIGINT unblocked may take it first, and then a wait would never end
+        if signal.sigtimedwait({signal.SIGINT}, 0) is not None:
             came.append(signal.SIGINT)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, handler)
