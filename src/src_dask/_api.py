@@ -478,7 +478,7 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     with in_graph(stack):
         # a CPU worker's malloc as glibc's default while it computes (tasks.with_heap)
         here = (partial(_graph.tasks.with_heap, _graph.compute_here)
-                if _plan.own_heap(plan.device, ("worker",)) else _graph.compute_here)
+                if _plan.own_heap(plan.device, on_cluster=True) else _graph.compute_here)
         future = client.submit(here, *_graph.seal(dsk), wanted, pure=False)
     try:
         if persist:

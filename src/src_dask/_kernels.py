@@ -76,9 +76,9 @@ def three_real(dtype: Any, device: str) -> bool:
     """Whether complex products of ``dtype`` on ``device`` are made as three real
     ones: complex128 ones where config ``complex-products`` is ``3m``, or ``auto``
     and the device a GPU (a CPU's BLAS gains little from it)."""
-    want = config.get_choice("complex-products", ("native", "3m", "auto"))
-    if np.dtype(dtype) != np.complex128:
+    if np.dtype(dtype) != np.complex128:  # before the config: every product asks
         return False
+    want = config.get_choice("complex-products", ("native", "3m", "auto"))
     return want == "3m" or (want == "auto" and device == "gpu")
 
 

@@ -237,7 +237,7 @@ class SweepPlan:
         return cls(plan=plan, addresses=addresses, groups=groups,
                    copy_inputs=copy_inputs(plan.device, addresses),
                    own_streams=own_streams(plan.device, addresses),
-                   own_heap=own_heap(plan.device, addresses),
+                   own_heap=own_heap(plan.device, bool(addresses)),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
                    fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
 
@@ -689,13 +689,12 @@ def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
     return saved < 2 * sites * ROUND_TRIP_S
 
 
-def own_heap(device: str, addresses: tuple[str, ...]) -> bool:
+def own_heap(device: str, on_cluster: bool) -> bool:
     """Whether each task keeps glibc's default reuse of freed blocks while it runs
     (``_graph.tasks.with_heap``): CPU tasks on a cluster, whose worker processes Dask's
     nanny starts with ``MALLOC_TRIM_THRESHOLD_`` set, which makes every temporary of a
-    contraction a fresh mmap (1.4x a run's time on one core). Not GPU tasks: their
-    large arrays are on the device."""
-    return device == "cpu" and bool(addresses)
+    contraction a fresh mmap. Not GPU tasks: their large arrays are on the device."""
+    return device == "cpu" and on_cluster
 
 
 def row_owner(block: int, blocks: int, n_workers: int) -> int:
