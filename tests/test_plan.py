@@ -56,16 +56,19 @@ def test_site_step(mode, z_here, z_left, want):
     assert (s.fused, s.chain, s.whole) == want
 
 
-@pytest.mark.parametrize("device, threads, z_block_bytes, want", [
-    ("cpu", 1, None, "FIRST"),  # one task at a time per worker, Z whole: on the first
-    ("cpu", 2, None, "SPREAD"),  # threads to run a site's sketch pieces side by side
-    ("cpu", 1, 16 * 40, "SPREAD"),  # Z in row blocks: shared by the workers
-    ("gpu", 1, None, "SPLIT"),  # GPU modes as they were
+@pytest.mark.parametrize("device, threads, z_block_bytes, cutoff, want", [
+    ("cpu", 1, None, 0.0, "FIRST"),  # one task at a time per worker, Z whole: on the first
+    ("cpu", 2, None, 0.0, "SPREAD"),  # threads to run a site's sketch pieces side by side
+    ("cpu", 1, 16 * 40, 0.0, "SPREAD"),  # Z in row blocks: shared by the workers
+    # a cutoff: the bonds that size a site's step are not known before the run, and a
+    # step that does not fit one worker must stay shared
+    ("cpu", 1, None, 1e-10, "SPREAD"),
+    ("gpu", 1, None, 0.0, "SPLIT"),  # GPU modes as they were
 ])
 def test_pass_2_runs_on_the_first_of_several_single_threaded_cpu_workers(
-        device, threads, z_block_bytes, want):
+        device, threads, z_block_bytes, cutoff, want):
     stack = _stack(n=7)
-    extra = {} if z_block_bytes is None else {"z_block_bytes": z_block_bytes}
+    extra = {"cutoff": cutoff} | ({} if z_block_bytes is None else {"z_block_bytes": z_block_bytes})
     sweep = _plan.SweepPlan.decide(stack, _plan_of(device=device, threads=threads, **extra),
                                    ["w0", "w1"])
     assert sweep.pass2 is _plan.Pass2[want]

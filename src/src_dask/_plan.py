@@ -249,9 +249,13 @@ def on_first_worker(plan: Plan, blocks: list[int], fits: tuple[bool, ...],
     would run a site's sketch pieces side by side) and every site's ``Z`` is whole and
     its step fits one task, so spreading it would share only the sketch pieces, at the
     price of ``Z_j`` crossing to every block's worker and two scheduler round trips a
-    site on the critical path. Not for reprojected cores (GPU plans)."""
+    site on the critical path. Not for reprojected cores (GPU plans), nor with a
+    cutoff: the output's bonds, which size a site's step, are known only as the run
+    goes (:func:`one_task` then says every step fits), and one worker would hold what
+    the workers' memory was meant to share."""
     return (plan.device == "cpu" and plan.threads == 1 and not plan.reproject
-            and all(b == 1 for b in blocks) and all(fits) and not any(bounded))
+            and plan.cutoff == 0 and all(b == 1 for b in blocks) and all(fits)
+            and not any(bounded))
 
 
 # -- the sketch ------------------------------------------------------------------------
