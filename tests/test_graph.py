@@ -251,6 +251,10 @@ def test_cpu_tasks_on_a_cluster_keep_glibcs_reuse_of_freed_blocks(monkeypatch):
             calls.append((what, value))
             return 1
 
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+            return 1
+
     monkeypatch.setattr(tasks._Heap, "libc", Libc())
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
@@ -260,7 +264,8 @@ def test_cpu_tasks_on_a_cluster_keep_glibcs_reuse_of_freed_blocks(monkeypatch):
         return 7
 
     assert tasks.with_heap(tasks.with_heap, inner) == 7  # nested: raised once
-    assert calls[2:] == [(-3, 128 << 10), (-1, 65536)]  # and the worker's put back
+    # the worker's put back, and the freed heap handed back to the system
+    assert calls[2:] == [(-3, 128 << 10), (-1, 65536), ("trim", 0)]
     calls.clear()
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     assert tasks.with_heap(lambda: 8) == 8 and not calls
@@ -277,6 +282,44 @@ def test_cpu_tasks_on_a_cluster_keep_glibcs_reuse_of_freed_blocks(monkeypatch):
     assert wrapped(None, "cpu") == {False}
     assert wrapped(["w0", "w1"], "gpu") == {False}
 
+
+
+_FRAGMENT = """
+import numpy as np
+from src_dask._graph import tasks
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+def fragment():  # 1-8 MiB temporaries, every other one live until one above them is made
+    keep = [np.ones((1 + i % 8) << 17) for i in range(0, 120, 2)]
+    for i in range(120):
+        a = np.ones((1 + i % 8) << 17)
+        keep.append(a) if i % 2 == 0 else None
+    top = np.ones(1 << 17)
+    keep.clear()
+    return top
+
+base = rss()
+top = tasks.with_heap(fragment)
+print(rss() - base)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_a_cpu_task_hands_its_freed_heap_back_to_the_system():
+    """A task run with the raised thresholds frees ~250 MB of temporaries under a block
+    still live at the heap's top: they go back to the system when it ends, not stay as
+    the worker's unmanaged memory (a 400 MB worker paused for good at its threshold)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", _FRAGMENT], env=env, capture_output=True,
+                         text=True, timeout=50, check=True).stdout
+    assert int(out) < 32 << 20, f"{int(out) / 2**20:.0f} MiB kept after the task"
 
 def test_blocks_stay_on_their_worker(cluster_client):
     """Blocks of sketch columns are spread over the cluster, and each block's

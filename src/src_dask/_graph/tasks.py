@@ -59,10 +59,12 @@ def with_heap(func: Callable[..., Any], *args: Any) -> Any:
     (``distributed.nanny.pre-spawn-environ``), which also fixes glibc's mmap threshold
     at 128 KiB: every temporary of a contraction is then a fresh mmap whose pages
     fault in on first touch (benchmarks/README.md, ``bench_cpu.py``, has the cost).
-    The thresholds are raised while any task of
-    the process runs and the worker's own put back when none does, so memory is
-    returned to the system between tasks as Dask wants; a process started without
-    the setting (or without glibc) is left as it is."""
+    The thresholds are raised while any task of the process runs; when none does,
+    the worker's own are put back and ``malloc_trim(0)`` hands the freed heap back to
+    the system. Without the trim, blocks freed inside the heap stay in the worker's
+    RSS as unmanaged memory, which Dask cannot spill: a small worker paused at its
+    pause threshold and never resumed. A process started without the setting (or
+    without glibc) is left as it is."""
     trim = _env_bytes("MALLOC_TRIM_THRESHOLD_")
     if trim is None or not _heap_enter():
         return func(*args)
@@ -77,7 +79,7 @@ def _heap_enter() -> bool:
         if _Heap.libc is None:
             try:
                 _Heap.libc = ctypes.CDLL("libc.so.6")
-                _Heap.libc.mallopt  # noqa: B018 - glibc's, or not glibc
+                _Heap.libc.mallopt, _Heap.libc.malloc_trim  # noqa: B018 - glibc's?
             except (OSError, AttributeError):
                 _Heap.libc = False
         if not _Heap.libc:
@@ -96,6 +98,7 @@ def _heap_leave(trim: int) -> None:
             mmap = _env_bytes("MALLOC_MMAP_THRESHOLD_")
             _Heap.libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_DEFAULT if mmap is None else mmap)
             _Heap.libc.mallopt(_M_TRIM_THRESHOLD, trim)
+            _Heap.libc.malloc_trim(0)
 
 
 def is_stored(x: Any) -> bool:
