@@ -77,13 +77,6 @@ _oversample = _typed(lambda t: t if t == "auto" else int(t), lambda v: v == "aut
 _cutoff = _typed(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
-def _storage() -> Any:
-    """``src_dask.storage``, imported when a command needs it (it imports NumPy)."""
-    from . import storage
-
-    return storage
-
-
 def _new(path: str, overwrite: bool) -> str:
     """``path``, refused before any work where something is there without --overwrite."""
     if os.path.lexists(path) and not overwrite:
@@ -199,18 +192,13 @@ def generate(args: argparse.Namespace) -> int:
 
       mps         random MPS, complex Gaussian, bonds min(--bond, phys^k), norm ~1
       mpo         random MPO, same, |A x| ~ |x|
-      stack       the src-method stack N·V·M·U: PATH/N, PATH/V, PATH/M, PATH/U;
-                  legs 4x4, bonds --bond, --bond, --dm, --bond, entries
-                  (N(0,1) + i N(0,1))/sqrt(bond*4); drawn site by site, never held
-                  in memory ('src-dask run PATH' takes the four factors in order)
-      heisenberg  spin-1/2 XXZ chain, H = sum j (SxSx + SySy) + jz SzSz - field Sz
-                  (quimb's MPO_ham_heis), exact MPO of bond 5
-      ising       spin-1/2 transverse-field Ising, H = sum j SzSz - field Sx
-                  (quimb's MPO_ham_ising), exact MPO of bond 3
+      stack       the src-method stack N·V·M·U (PATH/N, …, PATH/U; 'src-dask run PATH'
+                  takes them in order): legs 4x4, bonds --bond, --bond, --dm, --bond
+      heisenberg  spin-1/2 XXZ chain (quimb's MPO_ham_heis), exact MPO of bond 5
+      ising       spin-1/2 transverse-field Ising (quimb's MPO_ham_ising), bond 3
 
-    Spin operators are S = sigma/2. Random problems are the same for the same options and
-    seed. Defaults: 50 sites; mps bond 64, mpo bond 4, stack --dm 1000 (12 GB); complex128
-    for random problems, float64 for Hamiltonians."""
+    Random problems (complex128 unless --dtype) are drawn site by site, never held in
+    memory, the same for the same options and seed; Hamiltonians are float64."""
     problems = src_dask.problems
     try:
         spec = problems.spec(args.kind, **{k: v for k in problems.SPEC_OPTIONS
@@ -234,12 +222,9 @@ def run(args: argparse.Namespace) -> int:
     stack' counts as its factors) to bond dimension --chi-out with src_dask.src, and write
     the result to --out with src_dask.save. The output appears only when the run has
     finished: a failed or interrupted run leaves nothing at --out. With --store, rerunning
-    the same command resumes an interrupted run.
+    the same command resumes an interrupted run."""
+    from . import storage
 
-    Where it runs: --scheduler-file (a running cluster), --gpus (a local dask-cuda cluster,
-    one worker per GPU), --workers (a local CPU cluster), else Dask's threaded scheduler in
-    this process."""
-    storage = _storage()
     _cluster_flags(args)  # usage errors first
     trains = storage.open_trains(*args.trains)
     out = _new(os.path.realpath(args.out), args.overwrite)
@@ -286,15 +271,14 @@ def plan(args: argparse.Namespace) -> int:
     blocks, projected-core row blocks, the peak memory of each worker (host, and device on
     GPUs), the environments' bytes, the disk a --store needs, FLOPs per pass and the number
     of tasks. Nothing is computed; a problem that cannot fit the workers or the disk is
-    refused (exit 1) with the numbers.
-
-    The workers planned for: --scheduler-file (a running cluster), --gpus or --workers (a
-    local cluster, started to ask its workers what they have), else Dask's threaded
-    scheduler in this process."""
+    refused (exit 1) with the numbers; a local cluster is started to ask its workers
+    what they have."""
     import dataclasses
 
+    from . import storage
+
     _cluster_flags(args)
-    trains = _storage().open_trains(*args.trains)
+    trains = storage.open_trains(*args.trains)
     options = {"chi_out": args.chi_out, "oversample": args.oversample, "cutoff": args.cutoff,
                "dtype": args.dtype, "chunk": args.chunk, "store": args.store}
     with _compute_client(args, dashboard=False) as client:  # nothing to watch
@@ -309,8 +293,10 @@ def distance(args: argparse.Namespace) -> int:
     ||RESULT - TRAIN[0]·TRAIN[1]·…|| / ||TRAIN[0]·TRAIN[1]·…||, exactly, by streamed
     overlaps (src_dask.distance), without forming the product; it resolves errors down to
     about 1e-7."""
+    from . import storage
+
     _cluster_flags(args, protocol=False)
-    result, *trains = _storage().open_trains(args.result, *args.trains)
+    result, *trains = storage.open_trains(args.result, *args.trains)
     with _compute_client(args) as client:
         error = src_dask.distance(result, *trains, client=client)
     _say(f"{args.result} against {'·'.join(t.kind.upper() for t in trains)}: relative error "
@@ -324,9 +310,11 @@ def info(args: argparse.Namespace) -> int:
     For a train: kind, sites, bond and physical dimensions, dtype and size. For a stack:
     each factor. For a run store: the run's options and inputs, its progress (pass 1 blocks
     done, pass 2 next site), whether it is complete, and the bytes it plans to use."""
+    from . import storage
+
     if not os.path.exists(args.path):
         raise CLIError(f"{args.path}: no such file or directory")
-    data = _storage().describe(args.path)
+    data = storage.describe(args.path)
     _say(json.dumps(data, indent=2) if args.json else str(data))
     return 0
 
@@ -343,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         forget(err)
-        progress = _storage().run_progress(getattr(args, "store", None))  # where it stopped
+        from .storage import run_progress
+
+        progress = run_progress(getattr(args, "store", None))  # where it stopped
         _say("interrupted" + ("" if progress is None else " " + progress.stopped()), err=True)
         return 130
     except BrokenPipeError:  # stdout closed early (| head): stop quietly
@@ -380,10 +370,13 @@ _PROBLEM = [  # the trains and the options of ``src`` that run and plan share
     _o("--dtype", "working and output dtype (default: promoted from the inputs)", choices=DTYPES),
     _o("--chunk", "sketch columns per block (default: one block per worker thread, none over "
        "256 MiB)", **_N)]
-_WHERE = [  # mutually exclusive: where a command computes
+_WHERE = ("where it runs", "Default: Dask's threaded scheduler in this process.", [
     _o("--scheduler-file", "connect to the Dask cluster of this scheduler file", metavar="FILE"),
     _o("--gpus", "start a local dask-cuda cluster on N GPUs (src_dask.cluster)", **_N),
-    _o("--workers", "start a local CPU cluster of N worker processes", **_N)]
+    _o("--workers", "start a local CPU cluster of N worker processes", **_N)])
+_HOST = _o("--host", "address the local cluster and its dashboard listen on (default 127.0.0.1: "
+           "this machine only; 0.0.0.0 opens them to the network: add TLS)",
+           default="127.0.0.1", metavar="ADDR")
 _LOCAL = [  # how the local cluster is set up
     _o("--threads", "--workers: threads per worker (default 1)", **_N),
     _o("--protocol", "--gpus: how the GPUs talk (default: ucx on several GPUs when it is "
@@ -393,9 +386,7 @@ _LOCAL = [  # how the local cluster is set up
        "(default auto)", metavar="BYTES"),
     _o("--local-directory", "--gpus/--workers: under which folder workers spill to disk (in a "
        "fresh subfolder only you can enter; default: the temporary directory)", metavar="DIR"),
-    _o("--host", "--gpus/--workers: address the scheduler, workers and dashboard listen on "
-       "(default 127.0.0.1: this machine only; 0.0.0.0 opens them to the network: add TLS)",
-       default="127.0.0.1", metavar="ADDR")]
+    _HOST]
 _TLS = ("TLS", "Encrypt and authenticate the connections to the scheduler and between workers "
         "(--scheduler-file: the cluster's certificates; --gpus/--workers: the local cluster "
         "uses them). Give all three; without them, Dask config (distributed.comm.tls) decides.",
@@ -411,10 +402,7 @@ _COMMANDS: dict[Callable[[argparse.Namespace], int], tuple[list, bool]] = {
             _o("--workers", "worker processes of the local cluster (default 2)", **_INT,
                default=2),
             _o("--seed", "seed (default 0)", type=_non_negative_int, default=0),
-            _o("--wait", "keep the dashboard up until Enter", **_FLAG),
-            _o("--host", "address the cluster and its dashboard listen on (default 127.0.0.1: "
-               "this machine only; 0.0.0.0 opens them to the network)", default="127.0.0.1",
-               metavar="ADDR")], False),
+            _o("--wait", "keep the dashboard up until Enter", **_FLAG), _HOST], False),
     generate: ([
         _o("kind", "mps, mpo, stack, heisenberg or ising", choices=KINDS, metavar="KIND"),
         _o("path", "where to write (a Zarr group)", metavar="PATH"),
@@ -476,7 +464,8 @@ def _parser() -> argparse.ArgumentParser:
                            help=" ".join(summary.split()), description=text)
         tables = [(p, options)]
         if cluster:
-            tables += [(p.add_mutually_exclusive_group(), _WHERE), (p, _LOCAL),
+            where = p.add_argument_group(*_WHERE[:2]).add_mutually_exclusive_group()
+            tables += [(where, _WHERE[2]), (p, _LOCAL),
                        (p.add_argument_group(*_TLS[:2]), _TLS[2])]
         for group, table in tables:
             for flags, kwargs in table:
