@@ -3,6 +3,8 @@ against quimb's dense matrices."""
 
 from __future__ import annotations
 
+import math
+
 import dask
 import dask.array as da
 import numpy as np
@@ -77,6 +79,35 @@ def test_stack_is_lazy():
     biggest = np.prod([max(c) for c in m[1].chunks])
     assert biggest * 16 <= 32 * 2**20  # drawn in chunks of at most 32 MiB
 
+
+
+@pytest.mark.parametrize("dtype, decay", [("complex128", None), ("complex64", 0.9),
+                                          ("float64", 0.5)])
+def test_random_cores_are_dasks_draws_in_tasks_named_for_the_inputs(dtype, decay):
+    """Each block of a random core is one task named ``src_random_<kind>`` (the
+    dashboard's Progress panel tells the inputs' draws apart), and the numbers are
+    those of dask.array.random's ``default_rng(seed)`` chain bit for bit: ``re`` then
+    ``im`` per site, scaled, weighted by the decay, cast; cores chunked along a bond."""
+    from dask.utils import key_split
+
+    bonds, phys, seed = [300, 300], 40, 5  # the middle core in 2 blocks of its left bond
+    train = problems.random_train("mps", bonds, phys=phys, dtype=dtype, seed=seed,
+                                  decay=decay)
+    assert train[1].numblocks == (2, 1, 1)
+    rng = da.random.default_rng(seed)
+    for j, core in enumerate(train):
+        assert {key_split(k) for k in dict(core.dask)} == {"src_random_mps"}
+        assert len(dict(core.dask)) == math.prod(core.numblocks)  # one task a block
+        ref = rng.standard_normal(core.shape, chunks=core.chunks)
+        if np.dtype(dtype).kind == "c":
+            ref = ref + 1j * rng.standard_normal(core.shape, chunks=core.chunks)
+        ref = ref * 1.0
+        if decay is not None and j < len(bonds):
+            axis = 0 if j == 0 else 1
+            w = decay ** np.arange(bonds[j], dtype=float)
+            ref = ref * w.reshape((-1,) + (1,) * (ref.ndim - axis - 1))
+        got, want = core.compute(), ref.astype(dtype).compute()
+        assert got.dtype == want.dtype and np.array_equal(got, want), j
 
 def test_problem_argument_errors():
     with pytest.raises(ValueError, match="sites"):

@@ -26,6 +26,7 @@ fixed by the shapes (not by the dtype or the machine).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -88,24 +89,53 @@ def _gaussian_train(kind: str, bonds: Sequence[int], legs: Sequence[tuple[int, .
                     decay: float | None = None) -> TensorTrain:
     """Lazy Gaussian cores: site ``j`` is ``scales[j] * (re + 1j*im)`` (``re`` alone for a
     real dtype), ``re`` and ``im`` standard normal, drawn in float64 and cast; legs
-    ``legs[j]``; with ``decay``, index ``i`` of each right bond weighted by ``decay**i``."""
-    import dask.array as da
+    ``legs[j]``; with ``decay``, index ``i`` of each right bond weighted by ``decay**i``.
 
-    rng = da.random.default_rng(seed)
+    The numbers are those of ``dask.array.random.default_rng(seed)``'s
+    ``standard_normal`` for ``re``, then ``im``, site by site (each block from its own
+    spawned seed, as dask draws it); each block is one task named
+    ``src_random_<kind>``, so the dashboard tells the inputs' draws from Dask's own
+    arithmetic, and no ``standard_normal``/``mul``/``add`` chain runs per block."""
+    import dask.array as da
+    from dask.base import tokenize
+
+    seeds = np.random.PCG64(seed)._seed_seq  # what dask's default_rng(seed) spawns from
     cores = []
     for j, scale in enumerate(scales):
         shape = _core_shape(j, bonds, legs[j])
-        chunks = storage.chunks_for(shape, 16, _DRAW_CHUNK_BYTES)
-        core = rng.standard_normal(shape, chunks=chunks)
-        if dtype.kind == "c":
-            core = core + 1j * rng.standard_normal(shape, chunks=chunks)
-        core = core * scale
-        if decay is not None and j < len(bonds):
-            axis = 0 if j == 0 else 1  # the right bond
-            weights = decay ** np.arange(bonds[j], dtype=float)
-            core = core * weights.reshape((-1,) + (1,) * (core.ndim - axis - 1))
-        cores.append(core.astype(dtype))
+        chunks = da.core.normalize_chunks(storage.chunks_for(shape, 16, _DRAW_CHUNK_BYTES),
+                                          shape)
+        blocks = list(itertools.product(*(range(len(c)) for c in chunks)))
+        re = seeds.spawn(len(blocks))
+        im = seeds.spawn(len(blocks)) if dtype.kind == "c" else [None] * len(blocks)
+        axis = 0 if j == 0 else 1  # the right bond
+        weights = decay ** np.arange(bonds[j], dtype=float) \
+            if decay is not None and j < len(bonds) else None
+        name = f"src_random_{kind}-" + tokenize(seeds.entropy, re[0].spawn_key, shape, chunks,
+                                                scale, weights, dtype.str)
+        starts = [np.cumsum((0, *c)) for c in chunks]
+        dsk = {}
+        for block, r, i in zip(blocks, re, im, strict=True):
+            size = tuple(c[b] for c, b in zip(chunks, block, strict=True))
+            w = None if weights is None else \
+                weights[starts[axis][block[axis]]:starts[axis][block[axis] + 1]]
+            dsk[(name, *block)] = (_draw_block, r, i, size, scale, w, axis, dtype.str)
+        cores.append(da.Array(dsk, name, chunks, meta=np.empty((0,) * len(shape), dtype)))
     return TensorTrain(cores, kind, name=f"random {kind}")  # type: ignore[arg-type]
+
+
+def _draw_block(re: np.random.SeedSequence, im: np.random.SeedSequence | None,
+                size: tuple[int, ...], scale: float, weights: np.ndarray | None, axis: int,
+                dtype: str) -> np.ndarray:
+    """One block of a core of :func:`_gaussian_train`, in the order of operations of
+    its former chain of Dask array operations (the same numbers, bit for bit)."""
+    block = np.random.default_rng(np.random.PCG64(re)).standard_normal(size)
+    if im is not None:
+        block = block + 1j * np.random.default_rng(np.random.PCG64(im)).standard_normal(size)
+    block = block * scale
+    if weights is not None:
+        block = block * weights.reshape((-1,) + (1,) * (block.ndim - axis - 1))
+    return block.astype(dtype, copy=False)
 
 
 def random_train(kind: str, bonds: Sequence[int], phys: int | Sequence[int] = 2, *,
