@@ -222,6 +222,36 @@ def test_a_gpu_worker_counts_its_pinned_reads_of_lazy_inputs_in_host_memory():
     assert peaks["lazy", "cpu"].peak_host == peaks["eager", "cpu"].peak_host
 
 
+@pytest.mark.timeout(60)
+def test_pass_2_on_the_first_worker_counts_the_blocks_fetched_to_it():
+    """Where all of pass 2 runs on the first of two workers (``Pass2.FIRST``), it holds
+    the other worker's blocks of ``C_i`` for the sites fetched ahead of use beside its
+    own: the plan's data at each site of pass 2 has exactly those copies more, and its
+    host peak follows."""
+    from src_dask import _estimate, _plan
+    from src_dask._stack import make_stack
+
+    stack = make_stack((random_mpo(9, 3, seed=1), random_mps(9, 12, seed=2)))
+    plan = _plan.Plan(sketch=16, chunk=8, chi_out=16, cutoff=0.0, key=0, round=False,
+                      threads=1)
+    sweep = _plan.SweepPlan.decide(stack, plan, ["w0", "w1"])
+    assert sweep.pass2 is _plan.Pass2.FIRST and len(plan.blocks) == 2
+    ahead = sweep.lookahead
+    mine = _estimate.data_held(stack, plan, 2, False)
+    held = _estimate.data_held(stack, plan, 2, False, fetched=ahead)
+    assert held[0] == mine[0]  # pass 1: nothing fetched yet
+    c = [0.0] + [16 * np.prod(stack.left_bonds(i)) * 16 for i in range(1, 9)]  # whole C_i
+    for k, j in enumerate(range(8, -1, -1), start=1):  # pass 2, right to left
+        other = sum(c[i] for i in range(max(1, j - ahead), j + 1)) / 2  # the other's half
+        assert held[k] == pytest.approx(mine[k] + other), j
+    facts = _plan.Workers(count=2, threads=1, rss=0, host_limit=None, keep=None,
+                          device_limit=None, device_memory=None, memory=None)
+    peak = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
+                              product="").peak_host
+    spread = dataclasses.replace(sweep, pass2=_plan.Pass2.SPREAD)
+    assert peak > _estimate.estimate(stack, spread, facts, store=False, tasks=0,
+                                     store_bytes=0, product="").peak_host
+
 @pytest.mark.parametrize("start, most, arrays, expected", [
     (16, 24, 5, 16),        # far below where the pool starts: the pool's first size
     (16, 24, 15.08, 20),    # within the headroom of it: grown by half of what it may grow

@@ -140,8 +140,10 @@ def estimate(stack: Stack, sweep: SweepPlan, facts: Workers, *, store: bool,
     # the rest beyond its device limit); environments the plan puts in host memory (a
     # GPU run's) are there besides
     on_host = host_held(stack, plan, facts.count) if plan.host_envs else [0.0] * len(tasks_at)
+    fetched = sweep.lookahead if sweep.pass2.home and not store else None
     held = [(data + ahead, running, put) for data, running, put in
-            zip(data_held(stack, plan, facts.count, store), tasks_at, on_host, strict=True)]
+            zip(data_held(stack, plan, facts.count, store, fetched), tasks_at, on_host,
+                strict=True)]
     # pinned host memory: a GPU worker's reads of lazy inputs and environments' way to disk
     reads = pinned_reads(stack, sweep.lookahead, plan.device)
     on_disk = disk_held(stack, plan, facts.count)
@@ -211,7 +213,8 @@ def usable_device(facts: Workers) -> int | None:
     return int((1 - config.get("device-headroom")) * facts.device_memory)
 
 
-def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool) -> list[float]:
+def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool,
+              fetched: int | None = None) -> list[float]:
     """Bytes of data (results Dask stores, and on a GPU keeps on the device up to its
     limit) the busiest of ``n_workers`` holds over the sweep: at the end of pass 1,
     then at each site of pass 2 from right to left — the environments of its column
@@ -220,7 +223,12 @@ def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool) -> list[flo
     fetched back ahead of use), the site's projected core ``Z`` (its share of the
     rows where pass 2 is split over the workers; where it is projected again instead,
     ``Plan.reproject``, the environment ``S_j`` it is projected from), and lazy inputs
-    the plan keeps for pass 2 (every GPU worker keeps its own copy)."""
+    the plan keeps for pass 2 (every GPU worker keeps its own copy).
+
+    ``fetched``: where all of pass 2 runs on the first worker (``Pass2.home``), the
+    sites ahead of use that it fetches the other workers' blocks of ``C_j`` (the
+    sweep's lookahead): at site ``j`` it holds their copies of sites ``j - fetched …
+    j`` beside its own blocks, while the others still hold theirs."""
     env = environments(stack, plan, n_workers)
     h = plan.host_envs
     z_share = 1 / n_workers if Pass2.of_run(plan.device, n_workers).split else 1.0
@@ -235,8 +243,20 @@ def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool) -> list[flo
         else:  # those of sites h+1 … j kept, and sites j, j-1 fetched back from the host
             envs = sum(env[h + 1:j + 1]) + sum(env[i] for i in (j, j - 1) if 0 < i <= h)
         z = _s_bytes(stack, plan, j) if reprojects(stack, plan, j) else _z_bytes(stack, plan, j)
-        held.append(envs + z * z_share + kept)
+        held.append(envs + z * z_share + kept + _fetched(stack, plan, n_workers, j, fetched))
     return held
+
+
+def _fetched(stack: Stack, plan: Plan, n_workers: int, j: int, ahead: int | None) -> float:
+    """Bytes of the other workers' blocks of ``C_i`` the first worker holds at site
+    ``j`` of pass 2 where it runs all of it (``data_held``'s ``fetched``): sites
+    ``j - ahead … j``; of those pass 1 left in host memory (``Plan.host_envs``), the two
+    sites ``fetch`` copies back at a time (``j - 1``, ``j``)."""
+    if ahead is None or n_workers < 2:
+        return 0.0
+    h, full = plan.host_envs, _environments(stack, plan, 1.0)
+    sites = [i for i in range(max(1, j - ahead), j + 1) if i > h or i >= j - 1]
+    return sum(full[i] for i in sites) * (1 - _share(plan, n_workers))
 
 
 def host_held(stack: Stack, plan: Plan, n_workers: int) -> list[float]:
