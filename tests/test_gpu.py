@@ -244,6 +244,21 @@ def test_cluster_is_one_worker_per_gpu_with_rmm():
               _on("cpu", a, x, chi_out=32, seed=2, chunk=8))
 
 
+@pytest.mark.timeout(300)
+def test_the_command_line_runs_on_the_gpus(tmp_path, capsys):
+    """``src-dask run --gpus 1`` (a local dask-cuda cluster of one worker) writes the
+    result the threaded CPU run computes, and says so on one line."""
+    from src_dask._cli import main
+
+    a, x = STACKS["mpo.mps"](np.complex128)
+    src_dask.save(a, tmp_path / "A.zarr")
+    src_dask.save(x, tmp_path / "x.zarr")
+    out = tmp_path / "y.zarr"
+    assert main(["run", str(tmp_path / "A.zarr"), str(tmp_path / "x.zarr"), "--chi-out", "32",
+                 "--seed", "2", "--chunk", "8", "--gpus", "1", "--out", str(out)]) == 0
+    assert f"to {out}" in capsys.readouterr().out
+    _same(src_dask.open(out), _on("cpu", a, x, chi_out=32, seed=2, chunk=8))
+
 def test_device_spilling(tmp_path):
     """About 1 GB of environments on a worker allowed 256 MB of device memory."""
     from distributed import Client
