@@ -11,6 +11,7 @@ takes the picture ``--after`` seconds into pass 2, when the task stream holds
 the whole of pass 1 and the progress bars show the ``pass2_site<j>``
 prefixes. The PNG is reduced to a 256-colour palette with Pillow.
 Not part of the library; needs bokeh (the dashboard), chromium and Pillow.
+``tests/test_dashboard.py`` opens the dashboard's pages with its :class:`Browser`.
 """
 
 from __future__ import annotations
@@ -30,13 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 from distributed import Client, LocalCluster
-from PIL import Image
 
 import src_dask
-from src_dask._cli import _random_train
-from src_dask.trains import TensorTrain
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -95,6 +92,16 @@ class Browser:
             if message.get("id") == self.calls:
                 return message.get("result", {})
 
+    async def open(self, url: str, wait: float = 2.0) -> int:
+        """Load ``url``, let its scripts run ``wait`` seconds (Bokeh opens its session
+        and draws), and return the HTTP status the page was served with."""
+        await self.call("Page.enable")
+        await self.call("Page.navigate", url=url)
+        await asyncio.sleep(wait)
+        answer = await self.call("Runtime.evaluate", returnByValue=True, expression=(
+            "performance.getEntriesByType('navigation')[0].responseStatus"))
+        return int(answer["result"]["value"])
+
     async def screenshot(self) -> bytes:
         return base64.b64decode((await self.call("Page.captureScreenshot", format="png"))["data"])
 
@@ -106,6 +113,8 @@ class Browser:
 
 def shrink(path: Path) -> None:
     """Rewrite ``path`` as a 256-colour palette PNG (dashboards have few colours)."""
+    from PIL import Image
+
     image = Image.open(path).convert("RGB")
     image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
 
@@ -150,9 +159,8 @@ def main() -> int:
     parser.add_argument("--bond", type=int, default=320)
     args = parser.parse_args()
 
-    rng = np.random.default_rng(0)
-    mpo = TensorTrain(_random_train("mpo", args.sites, 4, 2, rng, 0.5))
-    mps = TensorTrain(_random_train("mps", args.sites, args.bond, 2, rng, 0.9))
+    mpo = src_dask.problems.random_mpo(args.sites, 4, seed=1, decay=0.5)  # lazy: drawn
+    mps = src_dask.problems.random_mps(args.sites, args.bond, seed=2, decay=0.9)  # in tasks
     progress = Tee()
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
