@@ -31,7 +31,7 @@ from harness import Target
 MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
     ("gpu", 1000): (Target("ratio_to_quimb_src", 0.6),),
     ("gpu", 2000): (Target("fraction_of_gemm", 0.52, at_most=False),),
-    ("cpu", 200): (Target("ratio_to_quimb_src", 0.5),),
+    ("cpu", 200): (Target("ratio_to_quimb_src", 0.4),),  # issue 29: a Client at 0.4x
 }
 #: Targets of the stack per (device, D_M, chi_out), on every src_dask run (not on the
 #: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/tools/peers.py

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dask
 import pytest
+from dask.utils import key_split
 from distributed import Client, LocalCluster
 from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err
 
@@ -545,6 +546,9 @@ def test_a_small_run_on_a_cluster_is_one_task(cluster_client):
             y = src_dask.src(*trains, chi_out=10, oversample=oversample, seed=3,
                              client=cluster_client)
         assert len(stream.data) == 1
+        (task,) = stream.data  # named for the docs' table, on the first worker
+        assert key_split(task["key"]) == "compute_here"
+        assert task["worker"] == min(cluster_client.scheduler_info()["workers"])
         assert close_cores(y, ref) and y.seed == 3
         if oversample:
             assert y.discarded == pytest.approx(ref.discarded, rel=1e-9, abs=1e-15)

@@ -321,6 +321,28 @@ def test_a_cpu_task_hands_its_freed_heap_back_to_the_system():
                          text=True, timeout=50, check=True).stdout
     assert int(out) < 32 << 20, f"{int(out) / 2**20:.0f} MiB kept after the task"
 
+
+@pytest.mark.timeout(60)
+def test_a_run_that_is_one_task_uses_the_cores_of_its_workers_host():
+    """A whole run as one task goes to the first worker and runs with the threads of
+    every worker on that host (idle meanwhile; Dask's nanny starts each with one BLAS
+    thread): the BLAS pools are at that count inside the task and put back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from src_dask._graph import tasks
+
+    workers = {"tcp://10.0.0.2:4": {"host": "10.0.0.2", "nthreads": 1},
+               "tcp://10.0.0.1:9": {"host": "10.0.0.1", "nthreads": 1},
+               "tcp://10.0.0.1:7": {"host": "10.0.0.1", "nthreads": 2}}
+    assert _plan.one_task_worker(workers) == ("tcp://10.0.0.1:7", 3)
+
+    def blas():
+        return {i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"}
+
+    before = blas()
+    assert tasks.with_threads(3, blas) == {3}
+    assert blas() == before
+
 def test_blocks_stay_on_their_worker(cluster_client):
     """Blocks of sketch columns are spread over the cluster, and each block's
     environments stay where they were made: its pass-1 chain and its pieces of

@@ -474,12 +474,17 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
-    log.info("src: %.3g FLOPs: the run is one task on one worker", flops)
+    worker, threads = _plan.one_task_worker(client.scheduler_info()["workers"])
+    here = _graph.compute_here
+    if plan.device == "cpu":  # the host's cores, idle meanwhile (tasks.with_threads)
+        here = partial(_graph.tasks.with_threads, threads, here)
+    if _plan.own_heap(plan.device, on_cluster=True):  # glibc's malloc (tasks.with_heap)
+        here = partial(_graph.tasks.with_heap, here)
+    log.info("src: %.3g FLOPs: the run is one task on %s (%d threads)", flops, worker,
+             threads if plan.device == "cpu" else 1)
     with in_graph(stack):
-        # a CPU worker's malloc as glibc's default while it computes (tasks.with_heap)
-        here = (partial(_graph.tasks.with_heap, _graph.compute_here)
-                if _plan.own_heap(plan.device, on_cluster=True) else _graph.compute_here)
-        future = client.submit(here, *_graph.seal(dsk), wanted, pure=False)
+        future = client.submit(here, *_graph.seal(dsk), wanted, workers=[worker],
+                               key=f"compute_here-{_graph.keys.token_of(graph.key)}")
     try:
         if persist:
             n = stack.n

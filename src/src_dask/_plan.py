@@ -693,6 +693,17 @@ def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
     return saved < 2 * sites * ROUND_TRIP_S
 
 
+def one_task_worker(workers: dict[str, dict[str, Any]]) -> tuple[str, int]:
+    """Where a run that is one task on a cluster runs, and with how many BLAS threads:
+    the first worker (``Pass2.FIRST``'s), and the threads of all the workers on its
+    host (``workers``: ``scheduler_info()["workers"]``), which have nothing else of
+    the run to do meanwhile."""
+    first = min(workers)
+    host = workers[first].get("host")
+    return first, sum(int(w.get("nthreads") or 1) for w in workers.values()
+                      if w.get("host") == host)
+
+
 def own_heap(device: str, on_cluster: bool) -> bool:
     """Whether each task keeps glibc's default reuse of freed blocks while it runs
     (``_graph.tasks.with_heap``): CPU tasks on a cluster, whose worker processes Dask's

@@ -101,6 +101,20 @@ def _heap_leave(trim: int) -> None:
             _Heap.libc.malloc_trim(0)
 
 
+def with_threads(threads: int, func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)`` with the process's BLAS and OpenMP pools at ``threads`` threads
+    (threadpoolctl), put back after: a whole run as one task on a worker of a cluster
+    (``_api._run_in_one_task``) uses the cores of its host's workers, idle meanwhile,
+    where Dask's nanny starts each worker with one (``OMP_NUM_THREADS=1`` and the
+    like). Without threadpoolctl, as the worker is."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return func(*args)
+    with threadpool_limits(limits=threads):
+        return func(*args)
+
+
 def is_stored(x: Any) -> bool:
     """An array read whole by a task of its own: Zarr, a verified one
     (:class:`_integrity.VerifiedArray`, the sources of a train opened from disk) or
