@@ -483,7 +483,9 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     log.info("src: %.3g FLOPs: the run is one task on %s (%d threads)", flops, worker,
              threads if plan.device == "cpu" else 1)
     with in_graph(stack):
+        # elsewhere if that worker is lost (its threads then a guess, not a hang)
         future = client.submit(here, *_graph.seal(dsk), wanted, workers=[worker],
+                               allow_other_workers=True,
                                key=f"compute_here-{_graph.keys.token_of(graph.key)}")
     try:
         if persist:
