@@ -40,7 +40,7 @@ class _Heap:
 
 
 #: glibc's ``mallopt`` parameters, and the mmap threshold its dynamic rule reaches (64 bits)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _MMAP_MAX = -1, -3, 32 << 20
+_M_MMAP_THRESHOLD, _MMAP_MAX = -3, 32 << 20
 _MMAP_DEFAULT = 128 << 10
 
 
@@ -52,26 +52,28 @@ def _env_bytes(name: str) -> int | None:
 
 
 def with_heap(func: Callable[..., Any], *args: Any) -> Any:
-    """``func(*args)`` with glibc's malloc keeping freed blocks of up to 32 MiB for reuse,
+    """``func(*args)`` with glibc's malloc serving blocks of up to 32 MiB from its heap,
     as it does by default (``SweepPlan.own_heap``: CPU tasks on a cluster).
 
     Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``
     (``distributed.nanny.pre-spawn-environ``), which also fixes glibc's mmap threshold
     at 128 KiB: every temporary of a contraction is then a fresh mmap whose pages
     fault in on first touch (benchmarks/README.md, ``bench_cpu.py``, has the cost).
-    The thresholds are raised while any task of the process runs; when none does,
-    the worker's own are put back and ``malloc_trim(0)`` hands the freed heap back to
-    the system. Without the trim, blocks freed inside the heap stay in the worker's
-    RSS as unmanaged memory, which Dask cannot spill: a small worker paused at its
-    pause threshold and never resumed. A process started without the setting (or
-    without glibc) is left as it is."""
-    trim = _env_bytes("MALLOC_TRIM_THRESHOLD_")
-    if trim is None or not _heap_enter():
+    The mmap threshold is raised while any task of the process runs, so freed
+    temporaries are reused; the trim threshold stays the worker's, so the heap's free
+    top goes back to the system as it grows. When no task runs, the worker's mmap
+    threshold is put back and ``malloc_trim(0)`` returns the free pages inside the
+    heap too. What the heap keeps is the worker's unmanaged memory, which Dask cannot
+    spill: raising the trim threshold as well (glibc's dynamic default, 64 MiB) kept
+    up to that much a thread's arena (a 400 MB worker paused at its threshold for
+    good) and was no faster. A process started without the setting (or without
+    glibc) is left as it is."""
+    if _env_bytes("MALLOC_TRIM_THRESHOLD_") is None or not _heap_enter():
         return func(*args)
     try:
         return func(*args)
     finally:
-        _heap_leave(trim)
+        _heap_leave()
 
 
 def _heap_enter() -> bool:
@@ -86,18 +88,16 @@ def _heap_enter() -> bool:
             return False
         if _Heap.running == 0:
             _Heap.libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX)
-            _Heap.libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_MAX)
         _Heap.running += 1
         return True
 
 
-def _heap_leave(trim: int) -> None:
+def _heap_leave() -> None:
     with _Heap.lock:
         _Heap.running -= 1
         if _Heap.running == 0:
             mmap = _env_bytes("MALLOC_MMAP_THRESHOLD_")
             _Heap.libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_DEFAULT if mmap is None else mmap)
-            _Heap.libc.mallopt(_M_TRIM_THRESHOLD, trim)
             _Heap.libc.malloc_trim(0)
 
 
