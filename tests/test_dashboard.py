@@ -80,7 +80,14 @@ def test_the_dashboards_pages_work_during_a_run(tmp_path, caplog, many_tasks):
         run.start()
         try:
             base = client.dashboard_link.rsplit("/", 1)[0]
-            codes = asyncio.run(_visit(base, ["status", "graph", "tasks", "workers", "info"]))
+            # in a thread of its own: asyncio.run here would leave the main thread
+            # without an event loop, which distributed's later calls expect
+            codes: dict = {}
+            pages = ["status", "graph", "tasks", "workers", "info"]
+            browse = threading.Thread(target=lambda: codes.update(asyncio.run(
+                _visit(base, pages))))
+            browse.start()
+            browse.join(timeout=200)
             assert run.is_alive()  # the pages were opened during the run
         finally:
             Path(gate).touch()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import time
 
 import dask
@@ -391,7 +392,7 @@ def test_losing_a_worker_mid_run_gives_the_same_result(tmp_path):
         while client.run_on_scheduler(pass1_done) < 8 and time.time() < deadline:
             time.sleep(0.01)
         nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
-        nanny.process.process.kill()  # SIGKILL: the worker process dies mid-run
+        os.kill(nanny.process.process.pid, signal.SIGKILL)  # the worker dies mid-run
         run.join(120)
         assert victim not in client.scheduler_info()["workers"]
     for c, c0 in zip(result["y"], ref, strict=True):
