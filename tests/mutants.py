@@ -133,7 +133,7 @@ MUTANTS = (
            "    with threadpool_limits(limits=threads):", "    with threadpool_limits(limits=1):",
            ("tests/test_graph.py", "-k", "one_task")),
     Mutant("plan: pass 2 on the first worker forgets the blocks fetched to it",
-           "_estimate.py", "    if ahead is None or n_workers < 2:", "    if True:",
+           "_estimate.py", "    if others is None or ahead is None:", "    if True:",
            ("tests/test_estimate.py", "-k", "fetched")),
     Mutant("inputs: a random core's imaginary part drawn from the real part's seeds",
            "problems.py", "        im = seeds.spawn(len(blocks)) if dtype.kind",

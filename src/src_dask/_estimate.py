@@ -237,26 +237,33 @@ def data_held(stack: Stack, plan: Plan, n_workers: int, store: bool,
         kept = (stack.input_bytes(lazy=True) * input_groups(plan.device, n_workers)
                 / max(1, n_workers))
     held = [(max(env) if store else sum(env[h + 1:])) + kept]
+    others = _others_blocks(stack, plan, n_workers) if fetched is not None else None
     for j in range(stack.n - 1, -1, -1):
         if store:
             envs = env[j]
         else:  # those of sites h+1 … j kept, and sites j, j-1 fetched back from the host
             envs = sum(env[h + 1:j + 1]) + sum(env[i] for i in (j, j - 1) if 0 < i <= h)
         z = _s_bytes(stack, plan, j) if reprojects(stack, plan, j) else _z_bytes(stack, plan, j)
-        held.append(envs + z * z_share + kept + _fetched(stack, plan, n_workers, j, fetched))
+        held.append(envs + z * z_share + kept + _fetched(others, h, j, fetched))
     return held
 
 
-def _fetched(stack: Stack, plan: Plan, n_workers: int, j: int, ahead: int | None) -> float:
-    """Bytes of the other workers' blocks of ``C_i`` the first worker holds at site
-    ``j`` of pass 2 where it runs all of it (``data_held``'s ``fetched``): sites
-    ``j - ahead … j``; of those pass 1 left in host memory (``Plan.host_envs``), the two
-    sites ``fetch`` copies back at a time (``j - 1``, ``j``)."""
-    if ahead is None or n_workers < 2:
+def _others_blocks(stack: Stack, plan: Plan, n_workers: int) -> list[float]:
+    """Bytes of each site's ``C_j`` that the first of ``n_workers`` does not make (the
+    other workers' blocks): what it fetches where it runs all of pass 2."""
+    rest = 1 - _share(plan, n_workers) if n_workers > 1 else 0.0
+    return [c * rest for c in _environments(stack, plan, 1.0)]
+
+
+def _fetched(others: list[float] | None, h: int, j: int, ahead: int | None) -> float:
+    """Bytes of the other workers' blocks of ``C_i`` (``others``) the first worker holds
+    at site ``j`` of pass 2 where it runs all of it (``data_held``'s ``fetched``): sites
+    ``j - ahead … j``; of those pass 1 left in host memory (the first ``h``,
+    ``Plan.host_envs``), the two sites ``fetch`` copies back at a time (``j - 1``,
+    ``j``)."""
+    if others is None or ahead is None:
         return 0.0
-    h, full = plan.host_envs, _environments(stack, plan, 1.0)
-    sites = [i for i in range(max(1, j - ahead), j + 1) if i > h or i >= j - 1]
-    return sum(full[i] for i in sites) * (1 - _share(plan, n_workers))
+    return sum(others[i] for i in range(max(1, j - ahead), j + 1) if i > h or i >= j - 1)
 
 
 def host_held(stack: Stack, plan: Plan, n_workers: int) -> list[float]:

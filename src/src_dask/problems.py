@@ -99,7 +99,7 @@ def _gaussian_train(kind: str, bonds: Sequence[int], legs: Sequence[tuple[int, .
     import dask.array as da
     from dask.base import tokenize
 
-    seeds = np.random.PCG64(seed)._seed_seq  # what dask's default_rng(seed) spawns from
+    seeds = np.random.SeedSequence(seed)  # what dask's default_rng(seed) spawns from
     cores = []
     for j, scale in enumerate(scales):
         shape = _core_shape(j, bonds, legs[j])
