@@ -15,21 +15,33 @@ chi (benchmarks/results/mpo_mps_<device>.json), with a PNG of time against chi.
     python benchmarks/bench_mpo_mps.py                      # chi 200 500 1000 2000
     python benchmarks/bench_mpo_mps.py --chi 1000 2000 --merge --no-zipup
     python benchmarks/bench_mpo_mps.py --quick              # L=12, chi 16 32: smoke test
+    python benchmarks/bench_mpo_mps.py --chi 1000 --client  # and through a Client
+
+With ``--client`` each chi also runs src_dask through ``src_dask.cluster()`` and a
+``Client`` (one worker per GPU; on the CPU ``--workers`` single-threaded ones), after the
+threaded run and against it: ``src_dask_client_numpy`` takes NumPy inputs from this
+process (they travel with each call), ``src_dask_client_persisted`` inputs already on
+the workers (Dask arrays persisted there, on the device for a GPU; the persisting is
+timed apart as ``inputs_to_cluster_s``). Their ``ratio_to_threads`` are issue 29's.
     python benchmarks/bench_mpo_mps.py --plot-only benchmarks/results/mpo_mps_gpu.json
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import dask
 from device import Device, run_gemm
 from flops import PLAN_CONVENTION, PLAN_LEGEND, rates
 from harness import (
     Config,
     Record,
+    Target,
     cell,
     check_targets,
     earlier_record,
@@ -41,7 +53,7 @@ from harness import (
 )
 from memory import PeakMemory
 from methods import MPO_MPS_METHODS, method_flops, mpo_mps_runner
-from problems import MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
+from problems import CLIENT_TARGETS, MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
 from timing import best_of, runs_text
 
 import src_dask
@@ -67,6 +79,10 @@ def parse_args(argv: list[str] | None = None):
                    help="skip quimb's zipup and src-oversample above this chi")
     p.add_argument("--error-max-chi", type=int, default=None,
                    help="compute errors against the exact product only up to this chi")
+    p.add_argument("--client", action="store_true",
+                   help="also time src_dask through src_dask.cluster() and a Client")
+    p.add_argument("--workers", type=int, default=2,
+                   help="single-threaded CPU workers of --client's cluster (CPU only)")
     p.add_argument("--plot-only", type=Path, default=None, metavar="JSON",
                    help="only draw the PNG of an existing JSON file")
     return p.parse_args(argv)
@@ -94,8 +110,48 @@ def measure(fn, args, device: Device, flops: float | None,
     return entry, result
 
 
-def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, Any]:
-    """Every method at one chi: timings, rates, memory and errors.
+def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], client,
+                flops: float) -> dict[str, dict[str, Any]]:
+    """src_dask through ``client``: NumPy inputs from this process, then inputs persisted
+    on the workers (on the device for a GPU), each timed as :func:`measure` times."""
+    import dask.array as da
+    from distributed import wait
+
+    a, x = (src_dask.TensorTrain(t) for t in (A, psi))
+    numpy_in = [src_dask.TensorTrain(t.to_numpy(), t.kind) for t in (a, x)]
+    entries: dict[str, dict[str, Any]] = {}
+
+    def on_cluster(t):
+        cores = [da.from_array(c, chunks=c.shape) for c in t.to_numpy()]
+        if device.is_gpu:
+            cupy = device.xp
+            cores = [c.map_blocks(cupy.asarray, dtype=c.dtype,
+                                  meta=cupy.empty((0,) * c.ndim, c.dtype)) for c in cores]
+        return src_dask.TensorTrain(client.persist(cores), t.kind)
+
+    t0 = time.perf_counter()
+    persisted = [on_cluster(t) for t in numpy_in]
+    wait([c for t in persisted for c in t])
+    moved = time.perf_counter() - t0
+    for name, (a_in, x_in) in (("src_dask_client_numpy", numpy_in),
+                               ("src_dask_client_persisted", persisted)):
+        def call(a_in=a_in, x_in=x_in):
+            with dask.config.set({"src_dask.device": device.name}):
+                return src_dask.apply(a_in, x_in, chi_out=chi, seed=args.seed, client=client)
+
+        entry, result = measure(call, args, device, flops, gemm)
+        entry["spill_note"] = "on the cluster's workers: spilling not counted here"
+        entries[name] = entry
+        print(f"  chi={chi:<5} {name:<22} best {entry['best_s']:9.3f} s", flush=True)
+    entries["src_dask_client_persisted"]["inputs_to_cluster_s"] = moved
+    entries["src_dask_client_persisted"]["result"] = result
+    return entries
+
+
+def run_chi(chi: int, args, device: Device, gemm: dict[str, Any],
+            client=None) -> dict[str, Any]:
+    """Every method at one chi: timings, rates, memory and errors (and, with a
+    ``client``, the Client runs of :func:`client_runs`).
 
     Each result's error is computed right after its timing and the result
     dropped, so that results do not pile up in device memory.
@@ -118,6 +174,16 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
         runs[method] = entry
         print(f"  chi={chi:<5} {method:<22} best {entry['best_s']:9.3f} s"
               f"{'  (warm-up only)' if entry.get('warmup_only') else ''}", flush=True)
+    if client is not None:
+        more = client_runs(A, psi, chi, args, device, gemm, client,
+                           method_flops("src_dask", A, psi, chi)["total"])
+        result = more["src_dask_client_persisted"].pop("result")
+        if exact:
+            more["src_dask_client_persisted"]["rel_error"] = src_dask.distance(result, A, psi)
+        del result
+        for entry in more.values():
+            entry["ratio_to_threads"] = entry["best_s"] / runs["src_dask"]["best_s"]
+        runs.update(more)
     for entry in runs.values():
         entry["ratio_to_quimb_src"] = entry["best_s"] / runs["quimb_src"]["best_s"]
     for method in ("src_dask", "src_dask_oversample"):
@@ -135,6 +201,10 @@ def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
         found = MPO_MPS_TARGETS.get((record["device"]["name"], int(chi)), ())
         run = {f"src_dask chi={chi}": res["runs"].get("src_dask", {})}
         out += check_targets(found, run)
+        for name, limit in CLIENT_TARGETS.get((record["device"]["name"], int(chi)), ()):
+            if name in res["runs"]:
+                out += check_targets((Target("ratio_to_threads", limit),),
+                                     {f"{name} chi={chi}": res["runs"][name]})
     return out
 
 
@@ -197,10 +267,25 @@ def run(args, record: Record, device: Device) -> None:
     """The GEMM rate, then every chi (the record written after each), into ``record``."""
     record["results"] = earlier_record(args.merge, record.path).get("results", {})
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
-    for chi in args.chi:
-        record["results"][str(chi)] = run_chi(chi, args, device, gemm)
-        record["targets"] = targets(record)
-        record.save()
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(client_of(args, device)) if args.client else None
+        for chi in args.chi:
+            record["results"][str(chi)] = run_chi(chi, args, device, gemm, client)
+            record["targets"] = targets(record)
+            record.save()
+
+
+@contextlib.contextmanager
+def client_of(args, device: Device):
+    """A Client of ``src_dask.cluster()``: one worker per GPU, or ``--workers``
+    single-threaded CPU workers."""
+    from distributed import Client
+
+    options = {"gpus": device.gpus} if device.is_gpu else {"n_workers": args.workers,
+                                                             "threads_per_worker": 1}
+    with src_dask.cluster(**options) as cluster, Client(cluster) as client:
+        client.wait_for_workers(len(cluster.workers), timeout=120)
+        yield client
 
 
 def report_and_plot(record: Record) -> None:

@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_wheels.sh                # the dask stack, zarr, the dashboard
 #   bash benchmarks/gpu_wheels.sh --ucx          # and UCX + RMM (RMM pools, UCX between
 #                                                # GPUs); no bokeh, to carry under 64 MiB
+#   bash benchmarks/gpu_wheels.sh --rmm          # and RMM alone (src_dask.cluster()'s
+#                                                # allocator), ~7 MB against --ucx's ~55 MB
 #   bash benchmarks/gpu_wheels.sh --quimb        # and quimb (the benchmarks' peer)
 #   bash benchmarks/gpu_wheels.sh --src-method   # and src-method 0.5.0 (the peer project)
 #
@@ -28,9 +30,10 @@ for option in "$@"; do
     --ucx) dashboard=()
            wheels+=(distributed-ucxx-cu13==$UCXX ucxx-cu13==$UCXX libucxx-cu13==$UCXX
                     "libucx-cu13<1.22" rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
+    --rmm) wheels+=(rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
     --quimb) wheels+=(quimb==1.16.0 cotengra autoray cytoolz) ;;
     --src-method) wheels+=(src-method==0.5.0 array-api-compat==1.16.0) ;;
-    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --quimb, --src-method)" >&2
+    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --rmm, --quimb, --src-method)" >&2
        exit 2 ;;
   esac
 done

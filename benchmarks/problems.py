@@ -33,6 +33,12 @@ MPO_MPS_TARGETS: dict[tuple[str, int], tuple[Target, ...]] = {
     ("gpu", 2000): (Target("fraction_of_gemm", 0.52, at_most=False),),
     ("cpu", 200): (Target("ratio_to_quimb_src", 0.4),),  # issue 29: a Client at 0.4x
 }
+#: Targets of the runs through a Client per (device, chi), as (run, the bound on its time
+#: over the threaded run's in the same record): issue 29's, with inputs already on the
+#: workers and with NumPy inputs from the client.
+CLIENT_TARGETS: dict[tuple[str, int], tuple[tuple[str, float], ...]] = {
+    ("gpu", 1000): (("src_dask_client_persisted", 1.3), ("src_dask_client_numpy", 2.0)),
+}
 #: Targets of the stack per (device, D_M, chi_out), on every src_dask run (not on the
 #: peer's ``srcmethod_g<n>`` runs). The ratios (issue 15; benchmarks/tools/peers.py
 #: ``peer_ratios``) are checked only where both runs are in the record: ``ratio_to_w1``
