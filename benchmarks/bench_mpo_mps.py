@@ -22,7 +22,9 @@ With ``--client`` each chi also runs src_dask through ``src_dask.cluster()`` and
 threaded run and against it: ``src_dask_client_numpy`` takes NumPy inputs from this
 process (they travel with each call), ``src_dask_client_persisted`` inputs already on
 the workers (Dask arrays persisted there, on the device for a GPU; the persisting is
-timed apart as ``inputs_to_cluster_s``). Their ``ratio_to_threads`` are issue 29's.
+timed apart as ``inputs_to_cluster_s``), ``src_dask_client_persisted_kept`` the same
+with the result left there too (``persist=True``: a loop's next call takes it). Their
+``ratio_to_threads`` are issue 29's.
     python benchmarks/bench_mpo_mps.py --plot-only benchmarks/results/mpo_mps_gpu.json
 """
 
@@ -133,11 +135,16 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
     persisted = [on_cluster(t) for t in numpy_in]
     wait([c for t in persisted for c in t])
     moved = time.perf_counter() - t0
-    for name, (a_in, x_in) in (("src_dask_client_numpy", numpy_in),
-                               ("src_dask_client_persisted", persisted)):
-        def call(a_in=a_in, x_in=x_in):
+    for name, (a_in, x_in), keep in (("src_dask_client_numpy", numpy_in, False),
+                                     ("src_dask_client_persisted_kept", persisted, True),
+                                     ("src_dask_client_persisted", persisted, False)):
+        def call(a_in=a_in, x_in=x_in, keep=keep):
             with dask.config.set({"src_dask.device": device.name}):
-                return src_dask.apply(a_in, x_in, chi_out=chi, seed=args.seed, client=client)
+                y = src_dask.apply(a_in, x_in, chi_out=chi, seed=args.seed, client=client,
+                                   persist=keep)
+                if keep:  # done on the workers, the cores left there
+                    wait([c for c in y])
+                return y
 
         entry, result = measure(call, args, device, flops, gemm)
         entry["spill_note"] = "on the cluster's workers: spilling not counted here"
@@ -148,10 +155,10 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
     return entries
 
 
-def run_chi(chi: int, args, device: Device, gemm: dict[str, Any],
-            client=None) -> dict[str, Any]:
-    """Every method at one chi: timings, rates, memory and errors (and, with a
-    ``client``, the Client runs of :func:`client_runs`).
+def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, Any]:
+    """Every method at one chi: timings, rates, memory and errors (and, with
+    ``--client``, the Client runs of :func:`client_runs` on a cluster started after
+    the threaded runs: with a Client alive, src_dask would compute on it).
 
     Each result's error is computed right after its timing and the result
     dropped, so that results do not pile up in device memory.
@@ -174,9 +181,10 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any],
         runs[method] = entry
         print(f"  chi={chi:<5} {method:<22} best {entry['best_s']:9.3f} s"
               f"{'  (warm-up only)' if entry.get('warmup_only') else ''}", flush=True)
-    if client is not None:
-        more = client_runs(A, psi, chi, args, device, gemm, client,
-                           method_flops("src_dask", A, psi, chi)["total"])
+    if args.client:
+        with client_of(args, device) as client:
+            more = client_runs(A, psi, chi, args, device, gemm, client,
+                               method_flops("src_dask", A, psi, chi)["total"])
         result = more["src_dask_client_persisted"].pop("result")
         if exact:
             more["src_dask_client_persisted"]["rel_error"] = src_dask.distance(result, A, psi)
@@ -267,12 +275,10 @@ def run(args, record: Record, device: Device) -> None:
     """The GEMM rate, then every chi (the record written after each), into ``record``."""
     record["results"] = earlier_record(args.merge, record.path).get("results", {})
     gemm = record["gemm_complex128"] = run_gemm(args.gemm_n, args.quick, device)
-    with contextlib.ExitStack() as stack:
-        client = stack.enter_context(client_of(args, device)) if args.client else None
-        for chi in args.chi:
-            record["results"][str(chi)] = run_chi(chi, args, device, gemm, client)
-            record["targets"] = targets(record)
-            record.save()
+    for chi in args.chi:
+        record["results"][str(chi)] = run_chi(chi, args, device, gemm)
+        record["targets"] = targets(record)
+        record.save()
 
 
 @contextlib.contextmanager

@@ -245,6 +245,34 @@ def test_cluster_is_one_worker_per_gpu_with_rmm():
 
 
 @pytest.mark.timeout(300)
+def test_a_run_that_fits_one_gpu_worker_is_one_task_of_its_threads(monkeypatch):
+    """On one GPU worker a run past ``one-task-flops`` whose data fit what dask-cuda
+    keeps on the device is one task (``compute_here``, the worker's threads queueing
+    its kernels; no scheduler round trip per step), with inputs from the client and
+    inputs persisted there, and gives the CPU cores; under a device limit its data
+    pass, it is a graph again (dask-cuda spills what the graph stores)."""
+    import dask.array as da
+    from distributed import Client, get_task_stream
+    from distributed.utils import key_split
+
+    monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 2e9)
+    a, x = random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)  # ~2.6e10 flop
+    ref = _on("cpu", a, x, chi_out=256, seed=3)
+    for limit, one in ((None, True), ("64MB", False)):
+        with src_dask.cluster(gpus=1, dashboard_address=":0",
+                              **({"device_memory_limit": limit} if limit else {})) as cluster, \
+                Client(cluster) as client:
+            on_gpu = [client.persist(da.from_array(c, chunks=c.shape).map_blocks(
+                __import__("cupy").asarray)) for c in x]
+            for x_in in (x, src_dask.TensorTrain(on_gpu, "mps")):
+                with get_task_stream(client=client) as stream:
+                    y = src_dask.apply(a, x_in, chi_out=256, seed=3, client=client)
+                names = {key_split(t["key"]) for t in stream.data}
+                assert (names == {"compute_here"}) is one, names
+                _same(y, ref, tol=1e-10, dense=False)
+
+
+@pytest.mark.timeout(300)
 def test_the_command_line_runs_on_the_gpus(tmp_path, capsys):
     """``src-dask run --gpus 1`` (a local dask-cuda cluster of one worker) writes the
     result the threaded CPU run computes, and says so on one line."""

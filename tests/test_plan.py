@@ -88,7 +88,10 @@ def test_one_task_beats_a_graph_whose_pass_2_runs_on_one_worker_when_pass_1_is_s
     assert _plan.one_task_beats_graph(1e15, 50, 1, _plan.Pass2.ONE_WORKER, 1, "cpu")
     assert not _plan.one_task_beats_graph(25e9, 50, 2, spread, 1, "cpu")  # pass 2 shared
     assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_WORKER, 2, "cpu")
-    assert not _plan.one_task_beats_graph(25e9, 50, 1, _plan.Pass2.ONE_GPU, 1, "gpu")
+    # one GPU worker: its task's threads queue what the graph's would (any size that
+    # fits); several: the graph spreads the work
+    assert _plan.one_task_beats_graph(1e15, 50, 1, _plan.Pass2.ONE_GPU, 4, "gpu")
+    assert not _plan.one_task_beats_graph(25e9, 50, 2, _plan.Pass2.HOME, 4, "gpu")
 
 
 @pytest.mark.parametrize("blocks, workers", [(1, 2), (2, 2), (5, 2), (7, 3), (4, 4)])

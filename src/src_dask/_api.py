@@ -444,10 +444,11 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
                     facts: _plan.Workers) -> float | None:
     """The FLOPs of a run on ``client`` small enough to run as one task on one worker
     (None for any other): at most ``src_dask.one-task-flops`` (the round trips of a
-    graph of many dependent tasks would cost more than its arithmetic), or on
-    single-threaded CPU workers whose graph would gain less from running pass 1 side
-    by side than its round trips cost (``_plan.one_task_beats_graph``); its data and
-    largest task within what a worker's tasks may use together."""
+    graph of many dependent tasks would cost more than its arithmetic), or where the
+    graph would gain less than its round trips cost (``_plan.one_task_beats_graph``:
+    one GPU worker, or single-threaded CPU workers); its data and largest task within
+    what a worker's tasks may use together and, on a GPU, within what dask-cuda keeps
+    on the device before spilling (a task's own arrays never spill)."""
     if client is None or plan.task_bytes is None:
         return None
     bound = float(config.get("one-task-flops"))
@@ -461,7 +462,10 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
     need = data + _estimate.pass1_task(stack, plan.sketch, plan.device) + inputs
-    return total if need <= plan.task_bytes * max(1, facts.threads) else None
+    budget = plan.task_bytes * max(1, facts.threads)
+    if plan.device == "gpu" and facts.device_limit:  # nothing of one task spills
+        budget = min(budget, facts.device_limit)
+    return total if need <= budget else None
 
 
 def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
@@ -474,14 +478,17 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
-    worker, threads = _plan.one_task_worker(client.scheduler_info()["workers"])
-    here = _graph.compute_here
+    workers = client.scheduler_info()["workers"]
+    worker, threads = _plan.one_task_worker(workers)
     if plan.device == "cpu":  # the host's cores, idle meanwhile (tasks.with_threads)
-        here = partial(_graph.tasks.with_threads, threads, here)
+        here = partial(_graph.tasks.with_threads, threads, _graph.compute_here)
+    else:  # the GPU worker's own threads, each queueing kernels as in-process runs do
+        threads = int(workers[worker].get("nthreads") or 1)
+        here = partial(_graph.compute_here, threads=threads)
     if _plan.own_heap(plan.device, on_cluster=True):  # glibc's malloc (tasks.with_heap)
         here = partial(_graph.tasks.with_heap, here)
     log.info("src: %.3g FLOPs: the run is one task on %s (%d threads)", flops, worker,
-             threads if plan.device == "cpu" else 1)
+             threads)
     with in_graph(stack):
         # elsewhere if that worker is lost (its threads then a guess, not a hang)
         future = client.submit(here, *_graph.seal(dsk), wanted, workers=[worker],

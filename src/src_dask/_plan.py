@@ -681,13 +681,20 @@ ROUND_TRIP_S = 7e-3
 
 def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
                          pass2: Pass2, threads: int, device: str) -> bool:
-    """Whether a CPU run on single-threaded workers whose pass 2 would run on one of
-    them anyway (``Pass2.together``: ``FIRST``, ``ONE_WORKER``) is faster as one task
-    than as a graph: the graph runs pass 1's block chains side by side, saving at most
-    ``1 - 1/W`` of pass 1 (at :data:`CORE_FLOPS`), and pays a scheduler round trip
-    (:data:`ROUND_TRIP_S`) per dependent task of both passes' chains, one a site each.
-    Config ``one-task-flops`` decides first, below its bound; at 0 no run is one task."""
-    if device != "cpu" or threads != 1 or not pass2.together:
+    """Whether a run is faster as one task than as a graph. On one GPU worker, always:
+    the task's own threaded scheduler queues kernels side by side as the graph's
+    tasks would, without a scheduler round trip per task (the caller checks that the
+    run fits the worker's task budget, as it must without dask-cuda's spilling). A CPU
+    run on single-threaded workers whose pass 2 would run on one of them anyway
+    (``Pass2.together``: ``FIRST``, ``ONE_WORKER``): where the graph, running pass 1's
+    block chains side by side, saves at most ``1 - 1/W`` of pass 1 (at
+    :data:`CORE_FLOPS`) less than it pays in scheduler round trips
+    (:data:`ROUND_TRIP_S`), one per dependent task of both passes' chains, one a site
+    each. Config ``one-task-flops`` decides first, below its bound; at 0 no run is one
+    task."""
+    if device == "gpu":
+        return n_workers == 1
+    if threads != 1 or not pass2.together:
         return False
     saved = pass1_flops * (1 - 1 / max(1, n_workers)) / CORE_FLOPS
     return saved < 2 * sites * ROUND_TRIP_S

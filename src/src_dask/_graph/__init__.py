@@ -107,10 +107,17 @@ def seal(dsk: dict) -> tuple[Sealed, dict]:
     return Sealed({k: v for k, v in dsk.items() if k not in futures}), futures
 
 
-def compute_here(graph: Sealed, values: dict, keys_wanted: list[Any]) -> list[Any]:
+def compute_here(graph: Sealed, values: dict, keys_wanted: list[Any],
+                 threads: int = 1) -> list[Any]:
     """The values of ``keys_wanted`` in ``graph`` (with ``values``, the results of its
-    futures, in their keys' place), computed in this process by Dask's synchronous
-    scheduler: a whole run as one task on a worker (``_api._run``)."""
+    futures, in their keys' place), computed in this process: a whole run as one task
+    on a worker (``_api._run``). By Dask's synchronous scheduler, or with ``threads``
+    > 1 its threaded one (a GPU worker's threads queue kernels side by side, as an
+    in-process run's do)."""
     from dask.local import get_sync
+    from dask.threaded import get
 
-    return list(get_sync({**graph.dsk, **values}, keys_wanted))
+    dsk = {**graph.dsk, **values}
+    if threads > 1:
+        return list(get(dsk, keys_wanted, num_workers=threads))
+    return list(get_sync(dsk, keys_wanted))
