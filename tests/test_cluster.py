@@ -597,7 +597,7 @@ def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, on
     as one task, or as a graph of many): each result is Dask arrays over futures whose
     data are on the workers, the next step takes it where it is, and the state equals
     the same loop in this process."""
-    from distributed import Future
+    from distributed import futures_of
 
     if not one_task:
         monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 0)
@@ -606,9 +606,9 @@ def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, on
     for step in range(3):
         y = src_dask.apply(a, y, chi_out=8, seed=step, client=cluster_client, persist=True)
         z = src_dask.apply(a, z, chi_out=8, seed=step)
-        futures = [next(v for v in dict(c.__dask_graph__()).values() if isinstance(v, Future))
-                   for c in y]
-        assert all(cluster_client.who_has(futures).values())  # on the workers
+        futures = [futures_of(c) for c in y]
+        assert all(futures)
+        assert all(cluster_client.who_has([f for fs in futures for f in fs]).values())
     with cluster_client.as_current():  # computed where they are
         assert close_cores(y, z)
     assert src_dask.apply(a, x, chi_out=8, seed=0, persist=True).kind == "mps"  # no client

@@ -495,11 +495,10 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
                                allow_other_workers=True,
                                key=f"compute_here-{_graph.keys.token_of(graph.key)}")
     try:
-        if persist:
-            n = stack.n
-            parts = [client.submit(_part, future, j, pure=False) for j in range(n)]
-            cores = _on_the_cluster(client, parts)
-            rest = [client.submit(_discarded_of, future, pure=False).result()]
+        if persist:  # one round trip for the cores' shapes and the weights
+            metas, discarded = client.submit(_metas_of, future, pure=False).result()
+            cores = _parts_of(future, metas)
+            rest = [discarded]
         else:
             cores, *rest = future.result()
     except BaseException:  # a failure or an interrupt: nothing left running
@@ -514,9 +513,21 @@ def _part(result: Any, j: int) -> Any:
     return result[0][j]
 
 
-def _discarded_of(result: Any) -> Any:
-    """The discarded weights of a one-task run's result (None without rounding)."""
-    return result[1] if len(result) > 1 else None
+def _metas_of(result: Any) -> tuple[list[tuple[tuple[int, ...], Any]], Any]:
+    """The shapes and dtypes of a one-task run's cores, and its discarded weights
+    (None without rounding), where the result is."""
+    return [_meta(c) for c in result[0]], result[1] if len(result) > 1 else None
+
+
+def _parts_of(future: Any, metas: list[tuple[tuple[int, ...], Any]]) -> list[Any]:
+    """Dask arrays over the cores of a one-task run's result ``future``, each taken out
+    of it on the worker that holds it when first computed (no task runs now)."""
+    import dask.array as da
+    from dask import delayed
+
+    whole = delayed(future)  # the future a value of the graph (as _graph.seal finds it)
+    return [da.from_delayed(delayed(_part, pure=True)(whole, j), shape=shape, dtype=dtype)
+            for j, (shape, dtype) in enumerate(metas)]
 
 
 def _meta(x: Any) -> tuple[tuple[int, ...], Any]:
