@@ -23,7 +23,7 @@ UCXX=0.52.0            # distributed-ucxx-cu13, for dask-cuda 26.10
 RMM=26.10.0
 wheels=(dask==$DASK distributed==$DASK dask-cuda==$DASK_CUDA rapids-dask-dependency==$DASK_CUDA
         zarr==3.4.2 numcodecs==0.17.1 donfig google-crc32c crc32c msgspec zict tblib locket partd
-        tornado threadpoolctl)
+        tornado threadpoolctl dask-jobqueue==0.9.0)
 dashboard=("bokeh<3.10" xyzservices narwhals)
 for option in "$@"; do
   case $option in

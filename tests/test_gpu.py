@@ -252,7 +252,7 @@ def test_a_run_that_fits_one_gpu_worker_is_one_task_of_its_threads(monkeypatch):
     inputs persisted there, and gives the CPU cores; under a device limit its data
     pass, it is a graph again (dask-cuda spills what the graph stores)."""
     import dask.array as da
-    from distributed import Client, get_task_stream
+    from distributed import Client, get_task_stream, wait
     from distributed.utils import key_split
 
     monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 2e9)
@@ -264,6 +264,7 @@ def test_a_run_that_fits_one_gpu_worker_is_one_task_of_its_threads(monkeypatch):
                 Client(cluster) as client:
             on_gpu = [client.persist(da.from_array(c, chunks=c.shape).map_blocks(
                 __import__("cupy").asarray)) for c in x]
+            wait(on_gpu)  # their tasks done before the stream is watched
             for x_in in (x, src_dask.TensorTrain(on_gpu, "mps")):
                 with get_task_stream(client=client) as stream:
                     y = src_dask.apply(a, x_in, chi_out=256, seed=3, client=client)
@@ -543,6 +544,11 @@ def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
         assert "--set-rmm-allocator-for-libs" in options and "--rmm-pool-size" in options
         missing = sorted(o for o in options if o not in help_text)
         assert not missing, f"{script}: {missing}"
+    sys.path.insert(0, str(slurm))
+    from jobqueue import GPU_WORKER_ARGS  # examples/slurm/jobqueue.py's GPU jobs
+
+    missing = sorted(o for o in GPU_WORKER_ARGS if o.startswith("--") and o not in help_text)
+    assert not missing, f"jobqueue.py: {missing}"
     # the docs' `dask cuda worker` by hand (the command and its continued lines)
     readme = (slurm.parent.parent / "docs" / "hpc.md").read_text().splitlines()
     starts = [i for i, line in enumerate(readme) if line.startswith("dask cuda worker")]
@@ -556,6 +562,43 @@ def test_the_slurm_scripts_pass_options_this_dask_cuda_has():
         assert "--set-rmm-allocator-for-libs" in options
         missing = sorted(o for o in options if o not in help_text)
         assert not missing, f"README: {missing}"
+
+
+@pytest.mark.timeout(300)
+def test_a_jobqueue_gpu_job_starts_a_dask_cuda_worker_that_runs_src(tmp_path):
+    """The worker command of examples/slurm/jobqueue.py's ``--gpu`` job script (as
+    dask-jobqueue writes it; run here, as Slurm would on a GPU node) starts a
+    ``dask cuda worker`` on the GPU that joins the SLURMCluster's scheduler, and
+    ``src`` on it gives the CPU cores."""
+    import shlex
+    from pathlib import Path
+
+    pytest.importorskip("dask_jobqueue", reason="the hpc extra's dask-jobqueue")
+    from dask_jobqueue import SLURMCluster
+    from distributed import Client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "slurm"))
+    from jobqueue import GPU_WORKER_ARGS, cluster_options
+
+    opts = cluster_options(True, "127.0.0.1", cores=4, memory="16GB", python=sys.executable,
+                           local_directory=str(tmp_path))
+    a, x = STACKS["mpo.mps"](np.complex128)
+    with SLURMCluster(**opts) as cluster, Client(cluster) as client:
+        script = cluster.job_script()
+        assert "#SBATCH --gres=gpu:1" in script
+        command = script.strip().splitlines()[-1]
+        assert "-m dask_cuda.cli" in command and " ".join(GPU_WORKER_ARGS) in command
+        worker = subprocess.Popen(shlex.split(command),
+                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+        try:
+            client.wait_for_workers(1, timeout=120)
+            kinds = client.run(lambda dask_worker: type(dask_worker.data).__name__)
+            y = src_dask.apply(a, x, 32, seed=2, chunk=8, client=client)
+        finally:
+            worker.terminate()
+            worker.wait(60)
+    assert list(kinds.values()) == ["DeviceHostFile"]  # dask-cuda's device -> host spilling
+    _same(y, _on("cpu", a, x, chi_out=32, seed=2, chunk=8))
 
 
 # The check that two_nodes_local.sh runs on its two workers (COMMAND): odd stacks

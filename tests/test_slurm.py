@@ -163,12 +163,14 @@ def test_dask_jobqueue_slurm_cluster_runs_src(slurm, tmp_path):
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
+    sys.path.insert(0, str(ROOT / "examples" / "slurm"))
+    from jobqueue import cluster_options  # the example's jobs
+
     trains = (random_mpo(6, 3, phys=3, seed=1), random_mps(6, 5, phys=3, seed=2))
     ref = src_dask.src(*trains, chi_out=12, seed=0)
-    with SLURMCluster(cores=1, processes=1, memory="1GB", walltime="00:05:00",
-                      scheduler_options={"host": "127.0.0.1"},
-                      python=sys.executable, log_directory=str(tmp_path / "logs")) as cluster, \
-            Client(cluster) as client:
+    opts = cluster_options(False, "127.0.0.1", cores=1, memory="1GB", walltime="00:05:00",
+                           python=sys.executable, log_directory=str(tmp_path / "logs"))
+    with SLURMCluster(**opts) as cluster, Client(cluster) as client:
         cluster.scale(jobs=2)
         client.wait_for_workers(2, timeout=120)
         y = src_dask.src(*trains, chi_out=12, seed=0, client=client)
