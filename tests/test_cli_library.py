@@ -140,3 +140,53 @@ def test_client_is_none_without_a_cluster_and_a_local_one_with_options(trains):
     ref = src_dask.src(*trains, chi_out=4, seed=0)
     np.testing.assert_allclose(y, ref.to_dense(), atol=1e-12)
     assert client.status == "closed"
+
+
+def test_client_options_of_the_where_to_run_flags(tmp_path):
+    """``connect.client_options``: the keywords of ``connect.client`` for each way to run,
+    and the flags that do not go together refused in the command line's words."""
+    assert connect.client_options() == {"scheduler_file": None, "security": None}
+    assert connect.client_options("s.json") == {"scheduler_file": "s.json", "security": None}
+    assert connect.client_options(workers=2, host="localhost") == {
+        "security": None, "host": "localhost", "memory_limit": "auto", "local_directory": None,
+        "gpus": 0, "n_workers": 2, "threads_per_worker": 1}
+    assert connect.client_options(gpus=2, protocol="tcp", memory_limit="1GB") == {
+        "security": None, "memory_limit": "1GB", "local_directory": None, "gpus": 2,
+        "protocol": "tcp"}
+    for kwargs, message in [
+        ({"threads": 2}, "--threads: sets up the local cluster"),
+        ({"gpus": 1, "threads": 2}, "--threads: is for --workers N"),
+        ({"workers": 1, "tls": ("a", None, None)}, "missing --tls-cert, --tls-key"),
+        ({"tls": ("a", "b", "c")}, "TLS is for a cluster"),
+        ({"workers": 1, "protocol": "ucx"}, "--protocol: chooses how the GPUs"),
+        ({"workers": 1, "gpus": 1}, "one at most"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            connect.client_options(**kwargs)
+    with pytest.raises(FileNotFoundError, match="--tls-ca-file"):
+        connect.client_options(workers=1, tls=[str(tmp_path / n) for n in ("a", "b", "c")])
+
+
+def test_describe_says_where_a_client_runs(cluster_client, tmp_path):
+    cluster_client.write_scheduler_file(str(tmp_path / "s.json"))
+    with connect.client(tmp_path / "s.json") as client:
+        line = connect.describe(client)
+    assert line.startswith("connected to tcp://") and "(2 workers); dashboard: http" in line
+    with connect.client(gpus=0, n_workers=1, processes=False) as client:
+        assert connect.describe(client) == f"dashboard: {client.dashboard_link}"
+
+
+def test_log_to_shows_the_log_for_the_block_only():
+    import io
+    import logging
+
+    from src_dask import diagnostics
+
+    logger = logging.getLogger("src_dask")
+    handlers, level, stream = list(logger.handlers), logger.level, io.StringIO()
+    with diagnostics.log_to(stream, "100% src: "):
+        logging.getLogger("src_dask.x").info("said")
+        assert logger.level == logging.INFO
+    logging.getLogger("src_dask.x").info("not said")
+    assert stream.getvalue() == "100% src: said\n"
+    assert logger.handlers == handlers and logger.level == level

@@ -258,7 +258,7 @@ def test_a_run_that_fits_one_gpu_worker_is_one_task_of_its_threads(monkeypatch):
     monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 2e9)
     a, x = random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)  # ~2.6e10 flop
     ref = _on("cpu", a, x, chi_out=256, seed=3)
-    for limit, one in ((None, True), ("64MB", False)):
+    for limit, one in ((None, True), ("16MB", False)):
         with src_dask.cluster(gpus=1, dashboard_address=":0",
                               **({"device_memory_limit": limit} if limit else {})) as cluster, \
                 Client(cluster) as client:

@@ -1,6 +1,8 @@
 """The client a computation runs on: a running cluster's, by its scheduler file, or a
-local cluster's, started for it (:func:`client`); and TLS, a ``distributed.Security``
-of three certificate files, for either.
+local cluster's, started for it (:func:`client`, its keywords from the command line's
+where-to-run flags by :func:`client_options`, the line that says where it runs by
+:func:`describe`); and TLS, a ``distributed.Security`` of three certificate files, for
+either.
 
 Dask reads certificate files only when it first connects, and then speaks of an
 ``ssl_context``; these check what they can before that, so that a missing file, a
@@ -16,7 +18,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["client", "scheduler_client", "scheduler_tls_address", "security"]
+__all__ = ["client", "client_options", "describe", "scheduler_client", "scheduler_tls_address",
+           "security"]
+#: The command line's TLS flags, for the three files of :func:`security` in order.
+TLS_FLAGS = ("--tls-ca-file", "--tls-cert", "--tls-key")
 
 
 def security(ca_file: str, cert: str, key: str, *,
@@ -70,6 +75,17 @@ def scheduler_client(scheduler_file: str | os.PathLike, security: Any = None) ->
     return Client(scheduler_file=os.fspath(scheduler_file), security=security)
 
 
+def describe(client: Any) -> str:
+    """A line on ``client`` (of :func:`client`) for the one who started it: a running
+    cluster's address, its number of workers and its dashboard; a local cluster's
+    dashboard."""
+    if client.cluster is not None:
+        return f"dashboard: {client.dashboard_link}"
+    workers = len(client.scheduler_info()["workers"])
+    return (f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
+            f"{client.dashboard_link}")
+
+
 @contextlib.contextmanager
 def client(scheduler_file: str | os.PathLike | None = None, *, security: Any = None,
            **cluster_options: Any) -> Iterator[Any]:
@@ -97,3 +113,48 @@ def client(scheduler_file: str | os.PathLike | None = None, *, security: Any = N
             yield c
     else:
         yield None
+
+
+def client_options(scheduler_file: str | os.PathLike | None = None, *,
+                   workers: int | None = None, gpus: int | None = None,
+                   threads: int | None = None, memory_limit: str | int | None = None,
+                   local_directory: str | None = None, protocol: str | None = None,
+                   host: str | None = None,
+                   tls: Sequence[str | None] = (None, None, None)) -> dict[str, Any]:
+    """The keywords of :func:`client` for where a command runs, from the command line's
+    where-to-run flags (``client(**client_options(...))``): the cluster of
+    ``scheduler_file``; or a local cluster, on ``host``, of ``workers`` CPU processes
+    with ``threads`` threads each (default 1) or of ``gpus`` GPUs that talk by
+    ``protocol``, each worker with ``memory_limit`` (default ``"auto"``) and spilling
+    under ``local_directory``; or neither (Dask's threaded scheduler). ``tls``: the
+    files of :func:`security` (CA certificate, certificate, key), all three or none.
+
+    Flags that do not go together, or that would be ignored, raise a ``ValueError``
+    naming them as the command line does (its usage errors), before anything is
+    started; a missing certificate file, a ``FileNotFoundError``."""
+    local = workers is not None or gpus is not None
+    if sum(x is not None for x in (scheduler_file, workers, gpus)) > 1:
+        raise ValueError("--scheduler-file FILE, --workers N and --gpus N: one at most")
+    for flag, value in (("--threads", threads), ("--memory-limit", memory_limit),
+                        ("--local-directory", local_directory)):
+        if value is not None and not local:
+            raise ValueError(f"{flag}: sets up the local cluster of --workers N or --gpus N; "
+                             "add one of them (a --scheduler-file cluster has its own)")
+    if threads is not None and gpus is not None:
+        raise ValueError("--threads: is for --workers N (a GPU worker runs one thread)")
+    if any(tls) and not all(tls):
+        raise ValueError("--tls-ca-file, --tls-cert and --tls-key go together (missing "
+                         f"{', '.join(k for k, v in zip(TLS_FLAGS, tls, strict=True) if not v)})")
+    if any(tls) and not (scheduler_file or local):
+        raise ValueError("--tls-*: TLS is for a cluster; add --scheduler-file FILE, "
+                         "--workers N or --gpus N")
+    tls_security = security(*tls, names=TLS_FLAGS) if all(tls) else None  # type: ignore[arg-type]
+    if protocol is not None and gpus is None:
+        raise ValueError("--protocol: chooses how the GPUs of --gpus N talk; add --gpus N")
+    if not local:
+        return {"scheduler_file": scheduler_file, "security": tls_security}
+    where = {"gpus": gpus, "protocol": protocol} if gpus is not None else \
+        {"gpus": 0, "n_workers": workers, "threads_per_worker": 1 if threads is None else threads}
+    return {"security": tls_security, **({} if host is None else {"host": host}),
+            "memory_limit": "auto" if memory_limit is None else memory_limit,
+            "local_directory": local_directory, **where}

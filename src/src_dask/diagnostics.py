@@ -1,4 +1,5 @@
-"""The plan of a run on described GPU workers, for sizing a machine one does not have.
+"""What a run says about itself: its plan on described GPU workers, for sizing a machine
+one does not have, and its log on a stream for a block.
 
 :func:`src_dask.plan` asks the workers of a running cluster what they hold; a machine
 that is not lent yet cannot be asked. :func:`described_plan` gives the same
@@ -6,11 +7,17 @@ that is not lent yet cannot be asked. :func:`described_plan` gives the same
 memory, the host's memory), with ``src_dask.cluster``'s defaults for what is not said
 (device limit, threads per worker). ``benchmarks/tools/plan_reference.py`` sizes the
 reference stacks with it on one, two and four H200s.
+
+:func:`log_to` shows the ``src_dask`` logger's messages (docs/monitoring.md) while a
+block runs and leaves the logger as it was (``src-dask run -v``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from ._estimate import RunPlan
 
@@ -48,3 +55,21 @@ def described_plan(*trains: Any, chi_out: int, gpus: int, device_memory: int,
         store_bytes=_runstore.planned_bytes(stack, plan.sketch),
         product=_estimate.describe_product(stack),
         where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
+
+
+@contextlib.contextmanager
+def log_to(stream: TextIO, prefix: str = "", level: int = logging.INFO) -> Iterator[None]:
+    """The ``src_dask`` logger's messages from ``level`` up (at INFO: what each run does)
+    on ``stream`` while the block runs, each line ``prefix`` first. After the block the
+    logger is as it was, its level restored and no handler left behind (on a stream
+    that may since be closed), so the block can be entered again and again."""
+    logger, handler = logging.getLogger("src_dask"), logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(prefix.replace("%", "%%") + "%(message)s"))
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
