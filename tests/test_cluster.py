@@ -19,7 +19,7 @@ from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err
 import src_dask
 from src_dask import _cluster as C
 from src_dask import _plan
-from src_dask import _ucx as U
+from src_dask import ucx as U
 
 
 def test_cluster_without_gpu_is_a_cpu_local_cluster(tmp_path, monkeypatch):

@@ -462,7 +462,7 @@ def test_split_pass_2_over_ucx_waits_for_the_default_stream_only(two_gpus):
     def state():
         from distributed_ucxx import ucxx as comm
 
-        from src_dask import _ucx
+        from src_dask import ucx as _ucx
 
         return (_ucx.stream_syncs, getattr(comm, "_src_dask_runs", None),
                 comm.synchronize_stream is getattr(comm, "_src_dask_original_sync", None))
@@ -667,7 +667,7 @@ with Client(scheduler_file=sys.argv[1], timeout="60s") as client:
             assert np.linalg.norm(y.to_dense() - d0) <= 1e2 * tol * np.linalg.norm(d0), name
 
     def syncs():
-        from src_dask import _ucx
+        from src_dask import ucx as _ucx
 
         return _ucx.stream_syncs
 

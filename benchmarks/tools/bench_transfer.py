@@ -15,10 +15,9 @@ on several GPUs moves sums of ``S`` and blocks of ``C_j``. ``--best`` prints the
 protocol and allocator of the fastest run of a record (gpu_run.sh's 2-GPU part uses
 it).
 
-It lives in tools/, not beside the benchmarks, because ``--ucx-sync`` measures
-src_dask's own UCX patch outside a run: what Dask's UCX comm waits for is switched by
-the private ``src_dask._ucx.ucx_waits_for_default_stream`` (a run switches it itself,
-from the config ``src_dask.ucx-sync``; no public call does it between runs).
+``--ucx-sync`` measures src_dask's own UCX patch outside a run: what Dask's UCX comm
+waits for is switched by ``src_dask.ucx.ucx_waits_for_default_stream`` (a run switches
+it itself, from the config ``src_dask.ucx-sync``).
 
     python benchmarks/tools/bench_transfer.py --protocol tcp ucx --rmm async pool
     python benchmarks/tools/bench_transfer.py --protocol ucx --rmm pool --gib 1 4
@@ -142,9 +141,9 @@ def _each_sync(client, protocol: str, sizes: list[int], repeats: int, busy: floa
                syncs: tuple[str, ...]) -> list[dict]:
     """:func:`transfers` once per wait of Dask's UCX comm in ``syncs``: ``device``
     (distributed-ucxx's own, the whole device) or ``stream`` (the default stream, as
-    src_dask sets it during a run: ``src_dask._ucx.ucx_waits_for_default_stream``);
+    src_dask sets it during a run: ``src_dask.ucx.ucx_waits_for_default_stream``);
     over another protocol once."""
-    from src_dask._ucx import ucx_waits_for_default_stream
+    from src_dask.ucx import ucx_waits_for_default_stream
 
     out = []
     for sync in syncs if protocol == "ucx" else ("device",):

@@ -39,8 +39,8 @@ from ._estimate import RunPlan
 from ._runstore import OpenRun, Progress
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import is_cupy
-from ._ucx import ucx_waits_for_default_stream
 from .trains import RunInfo, TensorTrain, as_train
+from .ucx import ucx_waits_for_default_stream
 
 log = logging.getLogger("src_dask")
 

@@ -654,7 +654,7 @@ def stream_sync(device: str, addresses: list[str] | tuple[str, ...] | None) -> b
     whole device (config ``ucx-sync``: ``stream``, the default, or ``device``): on
     several GPU workers talking UCX, where every task waits for its own kernels
     (:func:`own_streams`), so nothing Dask sends is still being computed
-    (``_ucx`` says why it matters)."""
+    (``src_dask.ucx`` says why it matters)."""
     want = config.get_choice("ucx-sync", ("stream", "device"))
     addresses = tuple(addresses or ())
     return want == "stream" and own_streams(device, addresses) and _over_ucx(addresses)

@@ -1,5 +1,8 @@
 """Dask's UCX comm waiting for the default CUDA stream instead of the whole device.
 
+Public so that a benchmark or a user comparing the two waits can switch it
+(:func:`ucx_waits_for_default_stream`); src_dask's runs switch it themselves.
+
 distributed-ucxx's comm synchronizes the device (``cudaDeviceSynchronize``, on the
 worker's event loop) before it sends GPU data and after it receives them, though its
 own comment asks only for the default stream: a transfer then waits for every kernel
