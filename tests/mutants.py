@@ -139,6 +139,9 @@ MUTANTS = (
            "problems.py", "        im = seeds.spawn(len(blocks)) if dtype.kind",
            "        im = re if dtype.kind",
            ("tests/test_problems.py", "-k", "draws")),
+    Mutant("plan: one task on a GPU worker past what it keeps on the device", "_api.py",
+           "        budget = min(budget, facts.device_limit)", "        pass",
+           ("tests/test_plan.py", "-k", "one_gpu_worker")),
 )
 
 

@@ -635,3 +635,30 @@ def test_environments_host_memory_cannot_keep_go_to_disk(dm, pool_gb, host_gb):
     with pytest.raises(OSError, match=r"/w: the workers would spill about .* but only"):
         _api._check_spill_room(stack, plan, None, dataclasses.replace(
             facts, disk_free=est.to_disk // 2, spill_dir="/w"), False)
+
+
+@pytest.mark.parametrize("device_limit, one", [(None, True), (2**30, True), (16 * 2**20, False)])
+def test_a_run_on_one_gpu_worker_is_one_task_only_within_its_device_limit(device_limit, one):
+    """On one GPU worker a run past ``one-task-flops`` is one task (``_api._one_task_flops``
+    gives its FLOPs) when its data, largest task and inputs fit what dask-cuda keeps on
+    the device (a task's own arrays never spill); past that limit it is a graph (None),
+    and on two GPU workers always a graph."""
+    from types import SimpleNamespace
+
+    from helpers import random_mpo, random_mps
+
+    from src_dask import _api
+
+    stack = make_stack((random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)))  # 2.7e10 flop
+    memory = 141 * 2**30
+    for workers, want in ((1, one), (2, False)):
+        facts = _plan.Workers(count=workers, threads=4, rss=3 * 2**30, host_limit=100 * 2**30,
+                              keep=60 * 2**30, device_limit=device_limit,
+                              device_memory=memory, memory=memory)
+        plan = _api.decide_plan(stack, 256, 0, 0.0, None, device="gpu", workers=facts,
+                                slots=workers)
+        client = SimpleNamespace(scheduler_info=lambda w=workers: {
+            "workers": {f"tcp://gpu{i}:1": {} for i in range(w)}})
+        with dask.config.set({"src_dask.one-task-flops": 2e9}):
+            flops = _api._one_task_flops(stack, plan, client, facts)
+        assert (flops is not None) is want, (workers, device_limit)
