@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_wheels.sh --rmm          # and RMM alone (src_dask.cluster()'s
 #                                                # allocator), ~7 MB against --ucx's ~55 MB
 #   bash benchmarks/gpu_wheels.sh --quimb        # and quimb (the benchmarks' peer)
+#   bash benchmarks/gpu_wheels.sh --py-spy       # and py-spy (what holds a worker's event
+#                                                # loop: py-spy dump/record --gil --pid)
 #   bash benchmarks/gpu_wheels.sh --src-method   # and src-method 0.5.0 (the peer project)
 #
 # then, on the GPU machine: bash .whl/install.sh && export PYTHONPATH=/tmp/site:$PWD/src
@@ -31,9 +33,10 @@ for option in "$@"; do
            wheels+=(distributed-ucxx-cu13==$UCXX ucxx-cu13==$UCXX libucxx-cu13==$UCXX
                     "libucx-cu13<1.22" rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
     --rmm) wheels+=(rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
+    --py-spy) wheels+=(py-spy==0.4.1) ;;
     --quimb) wheels+=(quimb==1.16.0 cotengra autoray cytoolz) ;;
     --src-method) wheels+=(src-method==0.5.0 array-api-compat==1.16.0) ;;
-    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --rmm, --quimb, --src-method)" >&2
+    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --rmm, --py-spy, --quimb, --src-method)" >&2
        exit 2 ;;
   esac
 done
