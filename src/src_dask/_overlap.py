@@ -1,5 +1,9 @@
-"""How far a result is from the exact product: overlaps of stacks of trains, streamed
-site by site as a Dask graph (the dense product is never formed).
+"""Overlaps of trains: those of two trains (:func:`vdot`, :func:`norm`,
+:func:`expectation`) and the dense contraction of a small one (:func:`dense`), in
+NumPy on the client, one site of each train in memory at a time (the algorithms
+behind the :class:`~src_dask.trains.TensorTrain` methods of those names); and how
+far a result is from the exact product (:func:`distance`): overlaps of stacks of
+trains, streamed site by site as a Dask graph (the dense product is never formed).
 
 ``‖y − P‖² = ⟨y|y⟩ − 2 Re⟨y|P⟩ + ⟨P|P⟩`` for ``P = T_1·…·T_k``: three chains of
 environments, one task per site each, in one graph on the client (or Dask's
@@ -22,9 +26,98 @@ import numpy as np
 from . import _integrity
 from . import _kernels as K
 from ._cluster import choose_device
-from ._layout import pad
+from ._layout import pad, pad_bonds
 from ._stack import Stack, in_graph, make_stack
 from ._transfer import to_host
+from .trains import TensorTrain, _legs_text, _to_numpy, as_train
+
+
+def vdot(a: TensorTrain, b: Any) -> complex:
+    """``<a|b>`` (``a`` conjugated) of two MPS, or the Frobenius product of two MPOs
+    (:meth:`TensorTrain.vdot <src_dask.trains.TensorTrain.vdot>`; ``b`` is anything
+    :func:`~src_dask.trains.as_train` accepts). Kinds, lengths and physical legs are
+    checked from the shapes before anything is computed; then contracted site by site,
+    one site of each train in memory at a time."""
+    other = as_train(b, name="vdot: other")
+    if other.kind != a.kind:
+        raise ValueError(f"vdot: this train ({a.name}) is an {a.kind.upper()} but the "
+                         f"other is an {other.kind.upper()}; both must be MPS or both MPO")
+    if len(other) != len(a):
+        raise ValueError(f"vdot: this train ({a.name}) has {len(a)} sites but the "
+                         f"other has {len(other)}; they need the same number of sites")
+    legs = "physical leg (p)" if a.kind == "mps" else "physical legs (u, d)"
+    for j, (mine, theirs) in enumerate(zip(a.phys_dims, other.phys_dims, strict=True)):
+        if mine != theirs:
+            raise ValueError(
+                f"vdot: site {j}: {legs} {_legs_text(mine)} in this train ({a.name}) but "
+                f"{_legs_text(theirs)} in the other; both trains need the same physical "
+                "legs at every site")
+    n = len(a)
+    env = np.ones((1, 1))
+    for j in range(n):  # streamed: one site of each train in memory at a time
+        x, y = _to_numpy(a[j]), _to_numpy(other[j])
+        shapes = x.shape, y.shape
+        try:
+            x, y = pad_bonds(x, j, n), pad_bonds(y, j, n)
+            x, y = (x.reshape(x.shape[0], x.shape[1], -1),
+                    y.reshape(y.shape[0], y.shape[1], -1))
+            env = np.einsum("lL,lrp,LRp->rR", env, x.conj(), y, optimize=True)
+        except ValueError as err:  # computed cores unlike their declared shapes
+            raise ValueError(
+                f"vdot: site {j}: cannot contract this train's core of shape {shapes[0]} "
+                f"with the other's of shape {shapes[1]} (left bonds {env.shape[0]} and "
+                f"{env.shape[1]}): {err}") from err
+    return complex(env[0, 0])
+
+
+def norm(train: TensorTrain) -> float:
+    """The 2-norm of ``train`` (Frobenius norm for an MPO), from :func:`vdot`."""
+    return float(np.sqrt(abs(vdot(train, train))))
+
+
+def expectation(mps: TensorTrain, mpo: Any) -> complex:
+    """``<mps|O|mps> / <mps|mps>`` for an operator ``mpo`` (anything
+    :func:`~src_dask.trains.as_train` accepts), contracted site by site (one site of
+    each in memory at a time); the legs are checked before anything is computed."""
+    op = as_train(mpo, name="expectation: mpo")
+    if mps.kind != "mps" or op.kind != "mpo":
+        raise ValueError(f"expectation: needs an MPS and an MPO, got an "
+                         f"{mps.kind.upper()} and an {op.kind.upper()}")
+    if len(op) != len(mps):
+        raise ValueError(f"expectation: the MPS has {len(mps)} sites but the MPO has "
+                         f"{len(op)}")
+    for j, ((p,), (u, d)) in enumerate(zip(mps.phys_dims, op.phys_dims, strict=True)):
+        if (u, d) != (p, p):
+            raise ValueError(f"expectation: site {j}: the MPO's legs (u, d) = {(u, d)} "
+                             f"do not act on the MPS's physical leg {p}")
+    n = len(mps)
+    env = np.ones((1, 1, 1))
+    for j in range(n):
+        a = pad_bonds(_to_numpy(mps[j]), j, n)  # (l, r, p)
+        o = pad_bonds(_to_numpy(op[j]), j, n)  # (l, r, u, d)
+        env = np.einsum("xwy,xap,wbpq,ycq->abc", env, a.conj(), o, a, optimize=True)
+    norm2 = vdot(mps, mps)
+    if norm2 == 0:
+        raise ZeroDivisionError(f"{mps.name}: a train of norm 0 has no expectation values")
+    return complex(env[0, 0, 0] / norm2)
+
+
+def dense(train: TensorTrain) -> np.ndarray:
+    """The full vector (MPS) or matrix (MPO, rows = up legs) of a small ``train``;
+    site 0 is the most significant index, as in quimb's ``to_dense``."""
+    n = len(train)
+    if train.kind == "mps":
+        acc = np.ones((1, 1))
+        for j, a in enumerate(train.to_numpy()):
+            a = pad_bonds(a, j, n)  # (l, r, p)
+            acc = np.einsum("lP,lrp->rPp", acc, a).reshape(a.shape[1], -1)
+        return acc[0]
+    acc = np.ones((1, 1, 1))
+    for j, a in enumerate(train.to_numpy()):
+        a = pad_bonds(a, j, n)  # (l, r, u, d)
+        acc = np.einsum("lUD,lrud->rUuDd", acc, a)
+        acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
+    return acc[0]
 
 
 def distance(y: Any, *trains: Any, client: Any = None, progress: Any = False) -> float:

@@ -5,6 +5,11 @@ whose site cores are padded to rank 4 ``(a, b, x_up, x_down)`` (docs/design.md �
 size-1 bonds at the ends of a train and a size-1 down leg for an MPS. A bra
 stack ``φ·A1·…·Ak`` becomes ``Akᵀ·…·A1ᵀ·φ``. One set of equations then serves
 every depth and both orientations.
+
+:func:`order_product` checks a product (sites, MPS placement, legs, dtypes) and puts
+it in ket order (a :class:`Product`); :func:`make_stack` adds the NaN/inf check of
+in-memory cores and gives the :class:`Stack` a run works on; :func:`exact_product`
+multiplies a small product out (the reference SRC approximates).
 """
 
 from __future__ import annotations
@@ -20,8 +25,140 @@ import numpy as np
 
 from ._kernels import all_finite, is_in_memory
 from ._kernels import nbytes as nbytes_of
-from ._layout import padded_shape
-from .trains import Kind, TensorTrain, order_product
+from ._layout import pad, padded_shape, unpad
+from .trains import (
+    SUPPORTED_DTYPES,
+    Kind,
+    TensorTrain,
+    _to_numpy,
+    _unknown_shape,
+    _unknown_shape_error,
+    as_train,
+)
+
+
+@dataclass(frozen=True)
+class Product:
+    """A validated product ``trains[0]·trains[1]·…`` in ket order: ``factors`` are
+    ``(train, transposed)``; a bra ``φ·A1·…·Ak`` becomes ``Akᵀ·…·A1ᵀ·φ``."""
+
+    trains: list[TensorTrain]  # as given, converted
+    factors: tuple[tuple[TensorTrain, bool], ...]
+    kind: Kind
+    dtype: np.dtype
+    bra: bool
+
+
+def order_product(trains: tuple[Any, ...], dtype: Any = None) -> Product:
+    """Check ``trains`` as a product (same length, MPS only at an end, legs that
+    join, supported dtypes) and put it in ket order; errors name site and train."""
+    if not trains:
+        raise ValueError("src needs at least one train")
+    tts = [as_train(t, name=f"trains[{i}]") for i, t in enumerate(trains)]
+    for i, t in enumerate(tts):  # the constructor checks too; a subclass may not call it
+        for j, c in enumerate(t):
+            if _unknown_shape(c):
+                raise _unknown_shape_error(c, f"trains[{i}]", j)
+    n = len(tts[0])
+    for i, t in enumerate(tts[1:], 1):
+        if len(t) != n:
+            raise ValueError(
+                f"trains[{i}] has {len(t)} sites but trains[0] has {n}; all trains of a "
+                "product need the same number of sites"
+            )
+    mps_at = [i for i, t in enumerate(tts) if t.kind == "mps"]
+    k = len(tts)
+    if len(mps_at) > 1:
+        raise ValueError(
+            f"an MPS may stand only at one end of the product, but trains{mps_at} are MPS "
+            "(an MPS at both ends would be a scalar)"
+        )
+    if mps_at and 0 < mps_at[0] < k - 1:
+        raise ValueError(
+            f"trains[{mps_at[0]}] is an MPS in the middle of the product; an MPS stands last "
+            "(a ket) or first (a bra)"
+        )
+    _check_legs(tts)
+    bra = k > 1 and mps_at == [0]
+    factors = tuple((t, t.kind == "mpo") for t in reversed(tts)) if bra else \
+        tuple((t, False) for t in tts)
+    return Product(tts, factors, "mps" if mps_at else "mpo", resolve_dtype(tts, dtype), bra)
+
+
+def _check_legs(tts: list[TensorTrain]) -> None:
+    """Each train's down (input) legs match the next one's up (output) legs."""
+    for j in range(len(tts[0])):
+        for i in range(len(tts) - 1):
+            down = _legs(tts[i], j)[1 if tts[i].kind == "mpo" else 0]
+            up = _legs(tts[i + 1], j)[0]
+            if down != up:
+                raise ValueError(
+                    f"site {j}: trains[{i}] has a down (input) leg of size {down} but "
+                    f"trains[{i + 1}] has an up (output) leg of size {up}; they must match"
+                )
+
+
+def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:
+    """The working dtype: ``dtype`` if given, else promoted from the inputs."""
+    for i, t in enumerate(trains):
+        for j, c in enumerate(t):
+            dt = np.dtype(c.dtype)
+            if dt.kind not in "biufc" or dt.itemsize > 16 or dt in (np.float16, np.longdouble):
+                raise TypeError(
+                    f"trains[{i}], site {j}: unsupported dtype {dt}; use float32, float64, "
+                    "complex64 or complex128"
+                )
+    promoted = np.result_type(*[np.dtype(c.dtype) for t in trains for c in t])
+    if promoted.kind in "biu":
+        promoted = np.dtype("float64")
+    if dtype is None:
+        return promoted
+    try:
+        want = np.dtype(dtype)
+    except TypeError as err:
+        raise TypeError(f"dtype: not a dtype: {dtype!r}") from err
+    if want not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"dtype: unsupported {want}; use float32, float64, complex64 or complex128"
+        )
+    if promoted.kind == "c" and want.kind != "c":
+        raise TypeError(
+            f"dtype: the inputs are complex ({promoted}) but dtype={want} would drop "
+            "their imaginary parts"
+        )
+    return want
+
+
+def _legs(train: TensorTrain, site: int) -> tuple[int | None, int | None]:
+    """(up, down) physical sizes at ``site``; an MPS has only its ``p`` leg."""
+    shape = train[site].shape
+    if train.kind == "mps":
+        return int(shape[-1]), None
+    return int(shape[-2]), int(shape[-1])
+
+
+def exact_product(*trains: Any) -> TensorTrain:
+    """The exact product ``trains[0]·trains[1]·…`` as one train, for checks.
+
+    Bonds multiply, so this is only for products small enough to hold; it is
+    the reference SRC approximates. Same conventions as :func:`src_dask.src`
+    (an MPS first is a bra, an MPS last a ket).
+    """
+    product = order_product(trains)
+    n = len(product.trains[0])
+    merged = []
+    for j in range(n):
+        acc = None
+        for t, transpose in product.factors:  # ket order, padded to (a, b, up, down)
+            c = pad(_to_numpy(t[j]), t.kind, j, n, transpose).astype(product.dtype)
+            if acc is None:
+                acc = c
+                continue
+            acc = np.einsum("abux,ABxd->aAbBud", acc, c)
+            s = acc.shape
+            acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
+        merged.append(unpad(acc, product.kind, j, n))
+    return TensorTrain(merged, product.kind, name="exact product")
 
 
 @dataclass(frozen=True)

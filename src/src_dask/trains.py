@@ -1,5 +1,8 @@
-"""Tensor trains: the container for per-site cores, its conversions, and the
-product of trains in ket order (checked, for :func:`src` and :func:`exact_product`).
+"""Tensor trains: the container for per-site cores, its checks and its conversions.
+
+The algorithms live apart and the methods delegate to them: the overlaps and the
+dense contraction in ``_overlap.py``, the product of trains (checked and put in ket
+order, for :func:`src` and :func:`exact_product`) in ``_stack.py``.
 
 A train is an MPS or an MPO stored as a list of per-site arrays in quimb's
 default layouts (docs/design.md §1)::
@@ -15,14 +18,14 @@ them, so a train opened from disk stays lazy.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 from dask.utils import format_bytes
 
 from . import _arraylike
-from ._layout import RANKS, pad, pad_bonds, role, unpad
+from ._layout import RANKS, role
 from ._transfer import to_host
 
 #: The dtypes a run works in.
@@ -37,7 +40,9 @@ class RunInfo:
     (:func:`src_dask.src` makes its result with it): the sketch's ``seed`` (drawn when
     not given, so that the run can be repeated), the weight the rounding discarded
     at each bond (None without rounding), and the index and tag names of the quimb
-    input whose naming the result keeps (``to_quimb``)."""
+    input whose naming the result keeps (``to_quimb``). A train converted from a quimb
+    object gets one too, holding only that object's names: a train keeps its quimb
+    names here and nowhere else."""
 
     seed: int | None = None
     discarded: tuple[float | None, ...] | None = None
@@ -96,20 +101,21 @@ class TensorTrain(Sequence):
         How error messages refer to this train (for example ``"trains[1]"``).
     run_info
         What the run that made it says (:class:`RunInfo`; a result of
-        :func:`~src_dask.src` has one): read as ``seed`` and ``discarded``.
+        :func:`~src_dask.src` has one): read as ``seed`` and ``discarded``; its
+        ``quimb_ids`` are the names ``to_quimb`` gives. Made from another train or a
+        quimb object, the train takes that one's quimb names instead.
     """
 
     def __init__(self, cores: Any, kind: Kind | None = None, *, name: str = "train",
                  sources: Sequence[Any] | None = None, run_info: RunInfo | None = None):
-        self.run_info = run_info
-        # a quimb input's index and tag names (or those its run kept), for to_quimb
-        self._quimb: dict[str, str] | None = None if run_info is None else run_info.quimb_ids
         if isinstance(cores, TensorTrain) or _is_quimb(cores):  # anything src accepts
             other = cores if isinstance(cores, TensorTrain) else _from_quimb(cores, name)
             if kind is not None and kind != other.kind:
                 raise ValueError(f"{name}: kind {kind!r} given for an {other.kind.upper()}")
-            cores, kind, self._quimb = list(other), other.kind, other._quimb
+            cores, kind = list(other), other.kind
             sources = other._sources if sources is None else sources
+            run_info = _named(run_info, other._quimb)
+        self.run_info = run_info
         cores = list(cores)
         if len(cores) < 2:
             raise ValueError(f"{name}: a train needs at least 2 sites, got {len(cores)}")
@@ -275,6 +281,12 @@ class TensorTrain(Sequence):
         return self / norm
 
     @property
+    def _quimb(self) -> dict[str, str] | None:
+        """The index and tag names of a quimb input (or those its run kept), for
+        ``to_quimb``: ``run_info.quimb_ids``, their one home."""
+        return None if self.run_info is None else self.run_info.quimb_ids
+
+    @property
     def seed(self) -> int | None:
         """The sketch's seed, for a result of :func:`~src_dask.src` (else None)."""
         return None if self.run_info is None else self.run_info.seed
@@ -287,10 +299,8 @@ class TensorTrain(Sequence):
         return None if info is None or info.discarded is None else list(info.discarded)
 
     def _like(self, cores: list[Any], sources: Sequence[Any] | None = None) -> TensorTrain:
-        out = TensorTrain(cores, self.kind, name=self.name, sources=sources,
-                          run_info=self.run_info)
-        out._quimb = self._quimb
-        return out
+        return TensorTrain(cores, self.kind, name=self.name, sources=sources,
+                           run_info=self.run_info)
 
     # -- conversions ------------------------------------------------------
     def to_numpy(self) -> list[np.ndarray]:
@@ -317,85 +327,32 @@ class TensorTrain(Sequence):
         kind, length and physical legs at every site (their bonds may differ);
         this is checked from the shapes, before anything is computed.
         """
-        other = as_train(other, name="vdot: other")
-        if other.kind != self.kind:
-            raise ValueError(f"vdot: this train ({self.name}) is an {self.kind.upper()} but the "
-                             f"other is an {other.kind.upper()}; both must be MPS or both MPO")
-        if len(other) != len(self):
-            raise ValueError(f"vdot: this train ({self.name}) has {len(self)} sites but the "
-                             f"other has {len(other)}; they need the same number of sites")
-        legs = "physical leg (p)" if self.kind == "mps" else "physical legs (u, d)"
-        for j, (mine, theirs) in enumerate(zip(self.phys_dims, other.phys_dims, strict=True)):
-            if mine != theirs:
-                raise ValueError(
-                    f"vdot: site {j}: {legs} {_legs_text(mine)} in this train ({self.name}) but "
-                    f"{_legs_text(theirs)} in the other; both trains need the same physical "
-                    "legs at every site")
-        n = len(self)
-        env = np.ones((1, 1))
-        for j in range(n):  # streamed: one site of each train in memory at a time
-            a, b = _to_numpy(self._cores[j]), _to_numpy(other[j])
-            shapes = a.shape, b.shape
-            try:
-                a, b = pad_bonds(a, j, n), pad_bonds(b, j, n)
-                a, b = (a.reshape(a.shape[0], a.shape[1], -1),
-                        b.reshape(b.shape[0], b.shape[1], -1))
-                env = np.einsum("lL,lrp,LRp->rR", env, a.conj(), b, optimize=True)
-            except ValueError as err:  # computed cores unlike their declared shapes
-                raise ValueError(
-                    f"vdot: site {j}: cannot contract this train's core of shape {shapes[0]} "
-                    f"with the other's of shape {shapes[1]} (left bonds {env.shape[0]} and "
-                    f"{env.shape[1]}): {err}") from err
-        return complex(env[0, 0])
+        from ._overlap import vdot
+
+        return vdot(self, other)
 
     def norm(self) -> float:
         """The 2-norm (Frobenius norm for an MPO)."""
-        return float(np.sqrt(abs(self.vdot(self))))
+        from ._overlap import norm
+
+        return norm(self)
 
     def expectation(self, mpo: Any) -> complex:
         """``<self|O|self> / <self|self>`` for an MPS and an operator ``mpo`` (anything
         :func:`as_train` accepts), contracted site by site (one site of each in
         memory at a time); its legs are checked before anything is computed."""
-        op = as_train(mpo, name="expectation: mpo")
-        if self.kind != "mps" or op.kind != "mpo":
-            raise ValueError(f"expectation: needs an MPS and an MPO, got an "
-                             f"{self.kind.upper()} and an {op.kind.upper()}")
-        if len(op) != len(self):
-            raise ValueError(f"expectation: the MPS has {len(self)} sites but the MPO has "
-                             f"{len(op)}")
-        for j, ((p,), (u, d)) in enumerate(zip(self.phys_dims, op.phys_dims, strict=True)):
-            if (u, d) != (p, p):
-                raise ValueError(f"expectation: site {j}: the MPO's legs (u, d) = {(u, d)} "
-                                 f"do not act on the MPS's physical leg {p}")
-        n = len(self)
-        env = np.ones((1, 1, 1))
-        for j in range(n):
-            a = pad_bonds(_to_numpy(self._cores[j]), j, n)  # (l, r, p)
-            o = pad_bonds(_to_numpy(op[j]), j, n)  # (l, r, u, d)
-            env = np.einsum("xwy,xap,wbpq,ycq->abc", env, a.conj(), o, a, optimize=True)
-        norm2 = self.vdot(self)
-        if norm2 == 0:
-            raise ZeroDivisionError(f"{self.name}: a train of norm 0 has no expectation values")
-        return complex(env[0, 0, 0] / norm2)
+        from ._overlap import expectation
+
+        return expectation(self, mpo)
 
     def to_dense(self) -> np.ndarray:
         """The full vector (MPS) or matrix (MPO, rows = up legs); for small trains only.
 
         Site 0 is the most significant index, as in quimb's ``to_dense``.
         """
-        n = len(self)
-        if self.kind == "mps":
-            acc = np.ones((1, 1))
-            for j, a in enumerate(self.to_numpy()):
-                a = pad_bonds(a, j, n)  # (l, r, p)
-                acc = np.einsum("lP,lrp->rPp", acc, a).reshape(a.shape[1], -1)
-            return acc[0]
-        acc = np.ones((1, 1, 1))
-        for j, a in enumerate(self.to_numpy()):
-            a = pad_bonds(a, j, n)  # (l, r, u, d)
-            acc = np.einsum("lUD,lrud->rUuDd", acc, a)
-            acc = acc.reshape(a.shape[1], acc.shape[1] * a.shape[2], -1)
-        return acc[0]
+        from ._overlap import dense
+
+        return dense(self)
 
 
 def _is_quimb(x: Any) -> bool:
@@ -459,11 +416,18 @@ def _from_quimb(tn: Any, name: str) -> TensorTrain:
         legs = ([bonds[j - 1]] if j > 0 else []) + ([bonds[j]] if j < n - 1 else [])
         phys = [tn.upper_ind(j), tn.lower_ind(j)] if is_mpo else [tn.site_ind(j)]
         cores.append(t.transpose(*legs, *phys).data)
-    out = TensorTrain(cores, "mpo" if is_mpo else "mps", name=name)
     ids = ("upper_ind_id", "lower_ind_id") if is_mpo else ("site_ind_id",)
-    out._quimb = {k: v for k in (*ids, "site_tag_id")
-                  if isinstance(v := getattr(tn, k, None), str)}
-    return out
+    names = {k: v for k in (*ids, "site_tag_id") if isinstance(v := getattr(tn, k, None), str)}
+    return TensorTrain(cores, "mpo" if is_mpo else "mps", name=name,
+                       run_info=RunInfo(quimb_ids=names))
+
+
+def _named(info: RunInfo | None, quimb_ids: dict[str, str] | None) -> RunInfo | None:
+    """``info`` holding the quimb names ``quimb_ids`` (those of the train or quimb object
+    a train is made from, which replace ``info``'s own)."""
+    if (None if info is None else info.quimb_ids) == quimb_ids:
+        return info
+    return replace(info or RunInfo(), quimb_ids=quimb_ids)
 
 
 def _shared(a: Any, b: Any) -> str | None:
@@ -493,106 +457,6 @@ def as_train(x: Any, *, name: str = "train") -> TensorTrain:
     return TensorTrain(x, name=name)
 
 
-@dataclass(frozen=True)
-class Product:
-    """A validated product ``trains[0]·trains[1]·…`` in ket order: ``factors`` are
-    ``(train, transposed)``; a bra ``φ·A1·…·Ak`` becomes ``Akᵀ·…·A1ᵀ·φ``."""
-
-    trains: list[TensorTrain]  # as given, converted
-    factors: tuple[tuple[TensorTrain, bool], ...]
-    kind: Kind
-    dtype: np.dtype
-    bra: bool
-
-
-def order_product(trains: tuple[Any, ...], dtype: Any = None) -> Product:
-    """Check ``trains`` as a product (same length, MPS only at an end, legs that
-    join, supported dtypes) and put it in ket order; errors name site and train."""
-    if not trains:
-        raise ValueError("src needs at least one train")
-    tts = [as_train(t, name=f"trains[{i}]") for i, t in enumerate(trains)]
-    for i, t in enumerate(tts):  # the constructor checks too; a subclass may not call it
-        for j, c in enumerate(t):
-            if _unknown_shape(c):
-                raise _unknown_shape_error(c, f"trains[{i}]", j)
-    n = len(tts[0])
-    for i, t in enumerate(tts[1:], 1):
-        if len(t) != n:
-            raise ValueError(
-                f"trains[{i}] has {len(t)} sites but trains[0] has {n}; all trains of a "
-                "product need the same number of sites"
-            )
-    mps_at = [i for i, t in enumerate(tts) if t.kind == "mps"]
-    k = len(tts)
-    if len(mps_at) > 1:
-        raise ValueError(
-            f"an MPS may stand only at one end of the product, but trains{mps_at} are MPS "
-            "(an MPS at both ends would be a scalar)"
-        )
-    if mps_at and 0 < mps_at[0] < k - 1:
-        raise ValueError(
-            f"trains[{mps_at[0]}] is an MPS in the middle of the product; an MPS stands last "
-            "(a ket) or first (a bra)"
-        )
-    _check_legs(tts)
-    bra = k > 1 and mps_at == [0]
-    factors = tuple((t, t.kind == "mpo") for t in reversed(tts)) if bra else \
-        tuple((t, False) for t in tts)
-    return Product(tts, factors, "mps" if mps_at else "mpo", resolve_dtype(tts, dtype), bra)
-
-
-def _check_legs(tts: list[TensorTrain]) -> None:
-    """Each train's down (input) legs match the next one's up (output) legs."""
-    for j in range(len(tts[0])):
-        for i in range(len(tts) - 1):
-            down = _legs(tts[i], j)[1 if tts[i].kind == "mpo" else 0]
-            up = _legs(tts[i + 1], j)[0]
-            if down != up:
-                raise ValueError(
-                    f"site {j}: trains[{i}] has a down (input) leg of size {down} but "
-                    f"trains[{i + 1}] has an up (output) leg of size {up}; they must match"
-                )
-
-
-def resolve_dtype(trains: list[TensorTrain], dtype: Any) -> np.dtype:
-    """The working dtype: ``dtype`` if given, else promoted from the inputs."""
-    for i, t in enumerate(trains):
-        for j, c in enumerate(t):
-            dt = np.dtype(c.dtype)
-            if dt.kind not in "biufc" or dt.itemsize > 16 or dt in (np.float16, np.longdouble):
-                raise TypeError(
-                    f"trains[{i}], site {j}: unsupported dtype {dt}; use float32, float64, "
-                    "complex64 or complex128"
-                )
-    promoted = np.result_type(*[np.dtype(c.dtype) for t in trains for c in t])
-    if promoted.kind in "biu":
-        promoted = np.dtype("float64")
-    if dtype is None:
-        return promoted
-    try:
-        want = np.dtype(dtype)
-    except TypeError as err:
-        raise TypeError(f"dtype: not a dtype: {dtype!r}") from err
-    if want not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"dtype: unsupported {want}; use float32, float64, complex64 or complex128"
-        )
-    if promoted.kind == "c" and want.kind != "c":
-        raise TypeError(
-            f"dtype: the inputs are complex ({promoted}) but dtype={want} would drop "
-            "their imaginary parts"
-        )
-    return want
-
-
-def _legs(train: TensorTrain, site: int) -> tuple[int | None, int | None]:
-    """(up, down) physical sizes at ``site``; an MPS has only its ``p`` leg."""
-    shape = train[site].shape
-    if train.kind == "mps":
-        return int(shape[-1]), None
-    return int(shape[-2]), int(shape[-1])
-
-
 def exact_product(*trains: Any) -> TensorTrain:
     """The exact product ``trains[0]·trains[1]·…`` as one train, for checks.
 
@@ -600,18 +464,6 @@ def exact_product(*trains: Any) -> TensorTrain:
     the reference SRC approximates. Same conventions as :func:`src_dask.src`
     (an MPS first is a bra, an MPS last a ket).
     """
-    product = order_product(trains)
-    n = len(product.trains[0])
-    merged = []
-    for j in range(n):
-        acc = None
-        for t, transpose in product.factors:  # ket order, padded to (a, b, up, down)
-            c = pad(_to_numpy(t[j]), t.kind, j, n, transpose).astype(product.dtype)
-            if acc is None:
-                acc = c
-                continue
-            acc = np.einsum("abux,ABxd->aAbBud", acc, c)
-            s = acc.shape
-            acc = acc.reshape(s[0] * s[1], s[2] * s[3], s[4], s[5])
-        merged.append(unpad(acc, product.kind, j, n))
-    return TensorTrain(merged, product.kind, name="exact product")
+    from ._stack import exact_product
+
+    return exact_product(*trains)
