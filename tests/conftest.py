@@ -46,3 +46,28 @@ def many_tasks(monkeypatch):
     import dask
 
     monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 0)
+
+
+@pytest.fixture
+def dask_cuda_stand_in(monkeypatch):
+    """A stand-in ``dask_cuda.utils.get_worker_config`` (installed or not) that reads a
+    worker as dask-cuda 26.10's does (each plugin's public attributes under ``[plugin]
+    <class name>``, the device buffer's ``n`` as ``device-memory-limit``) without the
+    rest of a worker it needs: what src_dask reads of its answer, tested on the CPU (the
+    GPU tests read the real one's)."""
+    import sys
+    import types
+
+    def get_worker_config(dask_worker):
+        out = {f"[plugin] {type(p).__name__}":
+               {v: getattr(p, v) for v in dir(p) if not v.startswith("_")}
+               for p in dask_worker.plugins.values()}
+        buffer = getattr(dask_worker.data, "device_buffer", None)
+        if hasattr(buffer, "n"):
+            out["device-memory-limit"] = buffer.n
+        return out
+
+    package, utils = types.ModuleType("dask_cuda"), types.ModuleType("dask_cuda.utils")
+    utils.get_worker_config, package.utils = get_worker_config, utils
+    monkeypatch.setitem(sys.modules, "dask_cuda", package)
+    monkeypatch.setitem(sys.modules, "dask_cuda.utils", utils)

@@ -260,8 +260,8 @@ def test_run_on_a_local_cluster_gives_the_same_result(problem, tmp_path, capsys,
     started = []
 
     def in_process(**kwargs):
-        started.append(kwargs)
-        return local_cluster(processes=False, **kwargs)
+        started.append(kwargs)  # over TCP as in processes (in one, it would talk in-process)
+        return local_cluster(processes=False, **{"protocol": "tcp", **kwargs})
 
     monkeypatch.setattr(distributed, "LocalCluster", in_process)
     a, x = problem

@@ -147,6 +147,15 @@ POOL = {"rmm_async": False, "rmm_pool_size": 0.7, "rmm_maximum_pool_size": 0.9,
         "rmm_allocator_external_lib_list": ["cupy"]}
 
 
+def _protocol(kwargs: dict) -> str:
+    """The protocol a cluster started with ``kwargs`` talks: theirs, or LocalCluster's
+    choice (TLS where the security requires encryption, else TCP)."""
+    from distributed import Security
+
+    security = kwargs.get("security") or Security()
+    return kwargs.get("protocol") or ("tls" if security.require_encryption else "tcp")
+
+
 def _rmm(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k.startswith("rmm_")}
 
@@ -155,8 +164,8 @@ def test_several_gpus_default_to_ucx_and_an_rmm_pool(gpus, caplog):
     start = gpus(2)
     with caplog.at_level(logging.INFO, logger="src_dask"):
         kw = start()
-    assert kw["protocol"] == "ucx" and _rmm(kw) == POOL
-    assert kw["host"] == "127.0.0.1" and kw["device_memory_limit"] == 0.7
+    assert _protocol(kw) == "ucx" and _rmm(kw) == POOL
+    assert "host" not in kw and kw["device_memory_limit"] == 0.7  # LocalCluster's loopback
     assert kw["threads_per_worker"] == 4 and "CUDA_VISIBLE_DEVICES" not in kw
     # UCX listens on every interface (host does not bind it): said once, as a WARNING,
     # since the cluster is no longer private; protocol="ucx" chooses it knowingly
@@ -167,7 +176,7 @@ def test_several_gpus_default_to_ucx_and_an_rmm_pool(gpus, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="src_dask"):
         kw = start(protocol="ucx")
-    assert kw["protocol"] == "ucx" and _rmm(kw) == POOL and not _warnings(caplog)
+    assert _protocol(kw) == "ucx" and _rmm(kw) == POOL and not _warnings(caplog)
 
 
 def test_the_pool_holds_what_a_worker_keeps_before_spilling(gpus):
@@ -187,7 +196,7 @@ def test_several_gpus_without_ucx_or_rmm_fall_back_to_tcp_with_one_warning(gpus,
                                                                             ucx, rmm):
     start = gpus(2, ucx=ucx, rmm=rmm)
     kw = start()
-    assert kw["protocol"] == "tcp"
+    assert _protocol(kw) == "tcp"
     assert _rmm(kw) == ({"rmm_async": True, "rmm_allocator_external_lib_list": ["cupy"]}
                         if rmm else {})
     (warning,) = _warnings(caplog)
@@ -206,7 +215,7 @@ def test_several_gpus_without_ucx_or_rmm_fall_back_to_tcp_with_one_warning(gpus,
 def test_one_gpu_keeps_tcp_and_rmm_async(gpus, caplog, machine, options):
     start = gpus(machine, ucx=False)  # no warning about UCX either: it is not needed
     kw = start(**options)
-    assert kw["protocol"] == "tcp"
+    assert _protocol(kw) == "tcp"
     assert _rmm(kw) == {"rmm_async": True, "rmm_allocator_external_lib_list": ["cupy"]}
     assert not _warnings(caplog)
 
@@ -219,10 +228,11 @@ def test_cluster_options_are_what_cluster_starts_with(gpus):
     assert opts.keys() == kw.keys()
     assert {k: v for k, v in opts.items() if k != "security"} == \
         {k: v for k, v in kw.items() if k != "security"}
-    assert opts["protocol"] == "ucx" and opts["rmm_pool_size"] == 0.6
+    assert _protocol(opts) == "ucx" and opts["rmm_pool_size"] == 0.6
     cpu = src_dask.cluster_options(gpus=0, n_workers=2)
     assert "device_memory_limit" not in cpu and not any(k.startswith("rmm_") for k in cpu)
-    assert cpu["host"] == "127.0.0.1" and cpu["n_workers"] == 2
+    assert "host" not in cpu and cpu["n_workers"] == 2
+    assert cpu["dashboard_address"] == "127.0.0.1:8787"  # LocalCluster's: every interface
 
 
 def test_gpus_picks_among_the_visible_devices(gpus, monkeypatch):
@@ -232,18 +242,18 @@ def test_gpus_picks_among_the_visible_devices(gpus, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
     kw = start(gpus=2)
     assert kw["n_workers"] == 2 and "CUDA_VISIBLE_DEVICES" not in kw
-    assert kw["protocol"] == "ucx"
+    assert _protocol(kw) == "ucx"
     kw = start(gpus=[5])
-    assert kw["CUDA_VISIBLE_DEVICES"] == "5" and kw["protocol"] == "tcp"
+    assert kw["CUDA_VISIBLE_DEVICES"] == [5] and _protocol(kw) == "tcp"
 
 
 def test_explicit_arguments_win(gpus, caplog):
     start = gpus(2)
     kw = start(protocol="tcp")  # TCP on purpose: RMM's async allocator, as before
-    assert kw["protocol"] == "tcp" and kw["rmm_async"] is True
+    assert _protocol(kw) == "tcp" and kw["rmm_async"] is True
     assert "rmm_pool_size" not in kw
     kw = start(rmm_async=True)  # UCX, but the allocator asked for
-    assert kw["protocol"] == "ucx" and kw["rmm_async"] is True
+    assert _protocol(kw) == "ucx" and kw["rmm_async"] is True
     assert "rmm_pool_size" not in kw and "rmm_maximum_pool_size" not in kw
     kw = start(rmm_pool_size="24GB")  # the caller's pool, dask-cuda's maximum
     assert _rmm(kw) == {"rmm_async": False, "rmm_pool_size": "24GB",
@@ -254,11 +264,11 @@ def test_explicit_arguments_win(gpus, caplog):
                         "rmm_maximum_pool_size": 0.6,
                         "rmm_allocator_external_lib_list": ["cupy", "numba"]}
     kw = start(protocol="tcp", rmm_pool_size="8GB")  # a pool over TCP: not async
-    assert kw["protocol"] == "tcp" and kw["rmm_async"] is False
+    assert _protocol(kw) == "tcp" and kw["rmm_async"] is False
     kw = gpus(1)(protocol="ucx")  # UCX asked for on one GPU: with the pool
-    assert kw["protocol"] == "ucx" and _rmm(kw) == POOL
+    assert _protocol(kw) == "ucx" and _rmm(kw) == POOL
     kw = gpus(2, ucx=False)(protocol="ucx")  # asked for: no fallback (Dask will say why)
-    assert kw["protocol"] == "ucx"
+    assert _protocol(kw) == "ucx"
     # the only warnings: UCX chosen by default (no protocol=) listens everywhere
     assert all("every network interface" in w for w in _warnings(caplog))
 
@@ -268,7 +278,7 @@ def test_tls_wins_over_ucx(gpus, caplog):
 
     start = gpus(2)
     kw = start(security=Security(require_encryption=True))
-    assert kw["protocol"] == "tls" and kw["rmm_async"] is True
+    assert _protocol(kw) == "tls" and kw["rmm_async"] is True
     assert not _warnings(caplog)
     with dask.config.set({"distributed.comm.require-encryption": True}):
         with pytest.raises(ValueError, match="cannot encrypt, but security requires"):
@@ -410,7 +420,7 @@ def test_tasks_are_sized_from_the_workers_limit_less_what_they_hold(tmp_path):
         assert _plan.task_bytes(facts, "cpu") == int(fraction * 64 * 2**20)
 
 
-def test_device_limit_is_read_from_dask_cudas_worker_data():
+def test_device_limit_is_read_from_dask_cudas_worker_data(dask_cuda_stand_in):
     """dask-cuda's DeviceHostFile keeps its device limit as its device buffer's ``n``
     (a zict Buffer); ProxifyHostFile as its manager's ``device_memory_limit``."""
     from types import SimpleNamespace
@@ -419,15 +429,21 @@ def test_device_limit_is_read_from_dask_cudas_worker_data():
 
     from src_dask._cluster import _device_limit
 
+    def limit(data):
+        worker = SimpleNamespace(plugins={}, data=data)
+        return _device_limit(C._dask_cuda_config(worker), worker)
+
     buffer = zict.Buffer({}, {}, n=123 * 2**20)
-    assert _device_limit(SimpleNamespace(device_buffer=buffer)) == 123 * 2**20
+    assert limit(SimpleNamespace(device_buffer=buffer)) == 123 * 2**20
     manager = SimpleNamespace(device_memory_limit=7 * 2**30)
-    assert _device_limit(SimpleNamespace(manager=manager)) == 7 * 2**30
-    assert _device_limit({}) is None  # a plain worker's dict: not told
-    assert _device_limit(SimpleNamespace(device_buffer={})) is None  # no limit: no spilling
+    assert limit(SimpleNamespace(manager=manager)) == 7 * 2**30
+    assert limit({}) is None  # a plain worker's dict: not told
+    assert limit(SimpleNamespace(device_buffer={})) is None  # no limit: no spilling
+    assert _device_limit({}, None) is None  # this process: not told
 
 
-def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monkeypatch):
+def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monkeypatch,
+                                                                           dask_cuda_stand_in):
     """dask-cuda's RMMSetup plugin keeps the pool's maximum (bytes, after its setup):
     the worker's device memory for the plan is the smaller of that and the GPU's."""
     from types import SimpleNamespace
@@ -458,7 +474,8 @@ def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monke
     assert whole - capped >= (gpu - pool) * 0.95 / 4
 
 
-def test_a_dask_cuda_worker_keeps_host_data_up_to_its_spill_threshold(monkeypatch):
+def test_a_dask_cuda_worker_keeps_host_data_up_to_its_spill_threshold(monkeypatch,
+                                                                      dask_cuda_stand_in):
     """dask-cuda's host buffer keeps data up to the worker's whole limit: its data spill
     only when the process passes the spill threshold (not at the target, as a plain
     worker's ``SpillBuffer`` does), so that threshold bounds what the plan keeps there."""

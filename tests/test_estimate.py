@@ -277,7 +277,7 @@ def test_an_rmm_pool_that_grows_is_counted_as_rmm_grows_it(start, most, arrays, 
     assert _estimate.pool_size(int(arrays * G), workers) <= _estimate.usable_device(workers)
 
 
-def test_a_dask_cuda_worker_tells_where_its_rmm_pool_starts(monkeypatch):
+def test_a_dask_cuda_worker_tells_where_its_rmm_pool_starts(monkeypatch, dask_cuda_stand_in):
     """dask-cuda's RMMSetup plugin keeps the pool's initial size (bytes, after its
     setup); RMM's asynchronous allocator is no pool that grows."""
     from types import SimpleNamespace

@@ -145,7 +145,7 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
 
 def _transport(workers: int, protocol: str | None, security: Any, device_memory_limit: Any,
                host: str, kwargs: dict[str, Any]) -> str | None:
-    """The protocol of a GPU cluster of ``workers`` workers (None: start_local's
+    """The protocol of a GPU cluster of ``workers`` workers (None: ``LocalCluster``'s
     choice, tcp or tls); sets the RMM options into ``kwargs`` (what the caller put
     there stays). See :func:`cluster`."""
     tls = bool(security.require_encryption)
@@ -269,6 +269,7 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
     # in what the process holds: ``import src_dask`` loads it only when first used
 
     rss = psutil.Process().memory_info().rss
+    cuda = _dask_cuda_config(dask_worker)
     manager = getattr(dask_worker, "memory_manager", None)
     limit = int(getattr(manager, "memory_limit", None) or 0) or None
     keep = room = available = None
@@ -277,7 +278,7 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         # buffer keeps data up to the whole limit, so there only the process's memory
         # passing the spill threshold spills (down to the target)
         target = getattr(manager, "memory_target_fraction", False)
-        if _device_limit(getattr(dask_worker, "data", None)) is not None:
+        if _device_limit(cuda, dask_worker) is not None:
             target = False
         spill = getattr(manager, "memory_spill_fraction", False)
         bounds = ([target * limit] if target else []) + ([spill * limit - rss] if spill else [])
@@ -287,12 +288,15 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         available = int(psutil.virtual_memory().available)
     device_limit = device_memory = start = None
     if device == "gpu":
-        start = _rmm_pool_start(dask_worker)
+        rmm = cuda.get("[plugin] RMMSetup")
+        rmm = rmm if isinstance(rmm, dict) else {}
+        start = _positive(rmm.get("initial_pool_size")) if rmm.get("async_alloc") is False \
+            else None  # RMM's asynchronous allocator is no pool that grows from a start
         device_memory = _memory("gpu")
-        pool = _rmm_maximum(dask_worker)
+        pool = _positive(rmm.get("maximum_pool_size"))
         if device_memory and pool:  # all the worker's arrays may get
             device_memory = min(device_memory, pool)
-        device_limit = _device_limit(getattr(dask_worker, "data", None)) or device_memory
+        device_limit = _device_limit(cuda, dask_worker) or device_memory
     spill_dir = getattr(dask_worker, "local_directory", None)
     disk = _disk(spill_dir) if spill_dir else None
     return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,
@@ -315,16 +319,37 @@ def _disk(path: str) -> tuple[int, int] | None:
         return None
 
 
-def _device_limit(data: Any) -> int | None:
-    """The device bytes a dask-cuda worker's data (``DeviceHostFile``: a zict
-    ``Buffer`` whose ``n`` is the device limit; ``ProxifyHostFile``: its manager's
-    limit) keeps before spilling to host memory; None where not told."""
-    buffer = getattr(data, "device_buffer", None)
-    for limit in (getattr(buffer, "n", None), getattr(data, "device_memory_limit", None),
-                  getattr(getattr(data, "manager", None), "device_memory_limit", None)):
-        if isinstance(limit, (int, float)) and limit > 0:
-            return int(limit)
-    return None
+def _dask_cuda_config(dask_worker: Any) -> dict[str, Any]:
+    """What dask-cuda's ``utils.get_worker_config`` tells of a worker: its RMM setup
+    (``"[plugin] RMMSetup"``: the plugin's settings), its device limit
+    (``"device-memory-limit"``) and more; {} for this process or a worker that has not
+    imported dask-cuda (it can then have neither)."""
+    import sys
+
+    if dask_worker is None or "dask_cuda" not in sys.modules:
+        return {}
+    from dask_cuda.utils import get_worker_config
+
+    try:
+        return get_worker_config(dask_worker)
+    except Exception as err:  # noqa: BLE001 - a worker it cannot read: told nothing
+        log.debug("dask_cuda.utils.get_worker_config: %s", err)
+        return {}
+
+
+def _positive(x: Any) -> int | None:
+    """``x`` as bytes if it is a positive number, else None (not told)."""
+    return int(x) if isinstance(x, (int, float)) and x > 0 else None
+
+
+def _device_limit(cuda: dict[str, Any], dask_worker: Any) -> int | None:
+    """The device bytes a dask-cuda worker's data keep before spilling to host memory
+    (``device-memory-limit`` of its :func:`_dask_cuda_config` ``cuda``; with
+    JIT-unspilling, which that leaves out, its ``ProxifyHostFile``'s manager's); None
+    where not told."""
+    limit = _positive(cuda.get("device-memory-limit"))
+    manager = getattr(getattr(dask_worker, "data", None), "manager", None)
+    return limit or _positive(getattr(manager, "device_memory_limit", None))
 
 
 def _below_pause(manager: Any, limit: int, rss: int) -> int:
@@ -340,31 +365,6 @@ def _below_pause(manager: Any, limit: int, rss: int) -> int:
     spill = getattr(manager, "memory_spill_fraction", False)
     settles = max([f for f in (target, spill) if f] or [0.0]) * limit
     return int(max(0.0, pause * limit - max(rss, settles)))
-
-
-def _rmm_maximum(dask_worker: Any) -> int | None:
-    """The most device memory a dask-cuda worker's RMM resource hands out (its pool's
-    ``maximum_pool_size``, or the limit on its async pool), in bytes; None where it
-    may take the whole device: a plan that counts the whole device under a capped pool
-    runs out of memory in pass 2."""
-    for plugin in getattr(dask_worker, "plugins", {}).values():
-        if type(plugin).__name__ == "RMMSetup":  # dask_cuda.plugins, after its setup
-            maximum = getattr(plugin, "maximum_pool_size", None)
-            if isinstance(maximum, int) and maximum > 0:
-                return maximum
-    return None
-
-
-def _rmm_pool_start(dask_worker: Any) -> int | None:
-    """Where a dask-cuda worker's RMM pool starts (bytes; dask-cuda's ``rmm_pool_size``),
-    if its memory resource is a pool (not RMM's asynchronous allocator): it grows from
-    there as its arrays need (``_estimate.pool_size``)."""
-    for plugin in getattr(dask_worker, "plugins", {}).values():
-        if type(plugin).__name__ == "RMMSetup" and not getattr(plugin, "async_alloc", True):
-            start = getattr(plugin, "initial_pool_size", None)
-            if isinstance(start, int) and start > 0:
-                return start
-    return None
 
 
 def _memory(device: str, dask_worker: Any = None) -> int | None:
@@ -404,11 +404,10 @@ def _preloads(kwargs: dict[str, Any]) -> list[str]:
 
 
 def start_local(cls: Any, **options: Any) -> Any:
-    """``cls(**options)`` (``LocalCluster`` or ``LocalCUDACluster``) with the network
-    defaults of :func:`local_options`, its worker processes not taking SIGINT, and a
-    Ctrl-C while it starts closing it again."""
+    """``cls(**options)`` (``LocalCluster`` or ``LocalCUDACluster``), its worker processes
+    not taking SIGINT, and a Ctrl-C while it starts closing it again."""
     with sigint_deferred() as interrupted:
-        started = cls(**local_options(**options))
+        started = cls(**options)
     if interrupted():  # Ctrl-C while it started: close it again, then interrupt
         with quiet_logs():
             started.close()
@@ -416,29 +415,33 @@ def start_local(cls: Any, **options: Any) -> Any:
     return started
 
 
-def local_options(*, host: str | None = LOOPBACK, dashboard_address: str | None = DEFAULT,
-                  security: Any = None, protocol: str | None = None,
-                  **kwargs: Any) -> dict[str, Any]:
-    """``kwargs`` with the defaults that keep a local cluster private (see the module
-    docstring): listening on ``host`` (loopback), over TCP (TLS where ``security``
-    requires encryption; also in one process, where ``LocalCluster`` would talk
-    in-process and open no port for other clients), the dashboard on
-    ``dashboard_address`` (``host:8787`` by default), this module among the worker
+def local_options(*, dashboard_address: str | None = DEFAULT, **kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` with what keeps a local cluster private beyond ``LocalCluster``'s own
+    defaults (it listens on 127.0.0.1, over TLS where ``security`` requires encryption):
+    the dashboard on the cluster's host (``LocalCluster``'s listens on every
+    interface), TCP or TLS in one process too (where ``LocalCluster`` would talk
+    in-process, opening no port for other clients), and this module among the worker
     processes' preloads."""
-    from distributed import Security
     from distributed.comm.addressing import unparse_host_port
 
-    host = host or LOOPBACK
-    if security is None:
-        security = Security()  # what Dask config (distributed.comm.tls) says
-    if protocol is None:
-        protocol = "tls" if security.require_encryption else "tcp"
     if dashboard_address is DEFAULT:
-        dashboard_address = unparse_host_port(host, 8787)
+        dashboard_address = unparse_host_port(kwargs.get("host") or LOOPBACK, 8787)
     if kwargs.get("processes", True):
         kwargs["preload"] = _preloads(kwargs)
-    return {"host": host, "dashboard_address": dashboard_address, "security": security,
-            "protocol": protocol, **kwargs}
+        if kwargs.get("protocol", "") is None:
+            del kwargs["protocol"]  # LocalCluster's choice
+    elif kwargs.get("protocol") is None:
+        kwargs["protocol"] = "tls" if _security(kwargs.get("security")).require_encryption \
+            else "tcp"
+    return {"dashboard_address": dashboard_address, **kwargs}
+
+
+def _security(security: Any) -> Any:
+    """``security``, or what Dask config (``distributed.comm.tls``) says, as LocalCluster
+    reads it."""
+    from distributed import Security
+
+    return Security() if security is None else security
 
 
 def _workers(kwargs: dict[str, Any]) -> int:
@@ -454,7 +457,7 @@ def _workers(kwargs: dict[str, Any]) -> int:
 def cluster_options(gpus: int | list[int] | None = None,
                     device_memory_limit: str | float = DEVICE_MEMORY_LIMIT,
                     memory_limit: str | float = "auto", local_directory: str | None = None,
-                    protocol: str | None = None, host: str = LOOPBACK,
+                    protocol: str | None = None, host: str | None = None,
                     dashboard_address: str | None = DEFAULT, security: Any = None,
                     **kwargs: Any) -> dict[str, Any]:
     """The keyword arguments :func:`cluster` starts its cluster with: for
@@ -485,7 +488,8 @@ def cluster_options(gpus: int | list[int] | None = None,
         ``"tcp"`` with one GPU or none, and ``"tls"`` whenever ``security`` requires
         encryption (``"ucx"`` with such a ``security`` is a ``ValueError``).
     host
-        The address scheduler and workers listen on: loopback by default. UCX
+        The address scheduler and workers listen on: loopback by default (as
+        ``LocalCluster`` does). UCX
         listens on every interface whatever ``host`` says, without authentication.
     dashboard_address
         ``"host:port"`` (port 0: any free one); ``host:8787`` by default, None for none.
@@ -499,9 +503,9 @@ def cluster_options(gpus: int | list[int] | None = None,
         to 90 % of the device), since UCX moves a pool's blocks between GPUs at NVLink
         speed; otherwise RMM's asynchronous allocator. docs/gpus.md has the numbers.
     """
-    network = {"host": host, "dashboard_address": dashboard_address, "security": security,
+    network = {"dashboard_address": dashboard_address, "security": security,
                "protocol": protocol, "local_directory": local_directory,
-               "memory_limit": memory_limit}
+               "memory_limit": memory_limit, **({} if host is None else {"host": host})}
     if gpus == 0 or (gpus is None and not has_gpu()):
         if gpus is None:
             log.info("cluster: no GPU found; starting a CPU LocalCluster")
@@ -510,16 +514,13 @@ def cluster_options(gpus: int | list[int] | None = None,
     if not has_gpu():
         raise ValueError(f"cluster: gpus={gpus!r}, but there is no usable GPU here (CuPy "
                          "and a CUDA device); gpus=0 starts CPU workers")
-    from distributed import Security
-
     # A few threads per GPU: while one launches kernels, others read and copy inputs.
     kwargs.setdefault("threads_per_worker", 4)
     if isinstance(gpus, int):  # the first ones visible, as LocalCUDACluster takes them
         kwargs["n_workers"] = gpus
     elif gpus is not None:
-        kwargs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    network["security"] = security = Security() if security is None else security
-    network["protocol"] = _transport(_workers(kwargs), protocol, security,
+        kwargs["CUDA_VISIBLE_DEVICES"] = list(gpus)
+    network["protocol"] = _transport(_workers(kwargs), protocol, _security(security),
                                      device_memory_limit, host or LOOPBACK, kwargs)
     return local_options(device_memory_limit=device_memory_limit, **network, **kwargs)
 
