@@ -41,12 +41,9 @@ from __future__ import annotations
 
 import importlib
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import socket
-import threading
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -73,7 +70,7 @@ class _HostPort8787:
 
 DEFAULT: Any = _HostPort8787()
 #: The module the workers of those clusters preload (its ``dask_setup`` ignores SIGINT).
-_PRELOAD = __name__
+_PRELOAD = "src_dask.interrupts"
 
 
 def has_gpu() -> bool:
@@ -381,17 +378,6 @@ def _memory(device: str, dask_worker: Any = None) -> int | None:
         return int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - no device or no psutil: unknown
         return None
-
-
-def dask_setup(worker: Any) -> None:
-    """Preload of the workers src_dask starts (Dask calls it as the worker starts):
-    in a worker process of its own (not in the client's process), ignore SIGINT.
-    A second line behind :func:`sigint_deferred`, for worker processes started
-    from threads that did not inherit its mask (a cluster on an event loop that
-    was running before)."""
-    if (multiprocessing.parent_process() is not None
-            and threading.current_thread() is threading.main_thread()):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _preloads(kwargs: dict[str, Any]) -> list[str]:

@@ -604,7 +604,17 @@ def _remedy() -> str:
 def is_ucx(protocol: str | None) -> bool:
     """Whether ``protocol`` (``"ucx"``, or an address such as ``"ucx://host:port"``)
     is Dask's UCX comm."""
-    return protocol is not None and protocol.split("://")[0] in ("ucx", "ucxx")
+    if protocol is None:
+        return False
+    return _scheme(protocol) in ("ucx", "ucxx")
+
+
+def _scheme(protocol: str) -> str:
+    """The scheme of an address (distributed's ``parse_address``), or ``protocol``
+    itself where it is one."""
+    from distributed.comm.addressing import parse_address
+
+    return parse_address(protocol)[0] if "://" in protocol else protocol
 
 
 def input_groups(device: str, n_workers: int) -> int:
@@ -642,7 +652,7 @@ def slow_gpu_link(stack: Stack, plan: Plan,
         return None
     env = plan.sketch * stack.widest_cut * stack.dtype.itemsize
     moved = (len(addresses) - 1) * 2 * env // len(addresses)
-    scheme = str(addresses[0]).split("://")[0]
+    scheme = _scheme(str(addresses[0]))
     return (f"src: {len(addresses)} GPU workers talk {scheme}, about 1 GB/s between GPUs: "
             f"pass 2 moves up to {dask.utils.format_bytes(moved)} a site to each, so they "
             "may run no faster than one GPU. Start them with protocol='ucx' and an RMM "

@@ -53,7 +53,7 @@ def scheduler_tls_address(scheduler_file: str | os.PathLike, security: Any = Non
             address = str(json.load(f).get("address", ""))
     except (OSError, ValueError, AttributeError):
         return None
-    if address.startswith("tls://") and not (security or Security()).tls_client_cert:
+    if _is_tls(address) and not (security or Security()).tls_client_cert:
         return address
     return None
 
@@ -158,3 +158,13 @@ def client_options(scheduler_file: str | os.PathLike | None = None, *,
     return {"security": tls_security, **({} if host is None else {"host": host}),
             "memory_limit": "auto" if memory_limit is None else memory_limit,
             "local_directory": local_directory, **where}
+
+
+def _is_tls(address: str) -> bool:
+    """Whether ``address`` is a TLS one (distributed's ``parse_address``)."""
+    from distributed.comm.addressing import parse_address
+
+    try:
+        return parse_address(address, strict=True)[0] == "tls"
+    except ValueError:  # no scheme: not TLS
+        return False

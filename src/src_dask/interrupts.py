@@ -180,3 +180,17 @@ def forget(err: BaseException) -> None:
             import gc
 
             gc.collect()
+
+
+def dask_setup(worker: Any) -> None:
+    """Preload of the workers src_dask starts (:func:`src_dask.cluster` names this
+    module; Dask calls it as the worker starts): in a worker process of its own (not
+    in the client's process), ignore SIGINT.
+    A second line behind :func:`sigint_deferred`, for worker processes started
+    from threads that did not inherit its mask (a cluster on an event loop that
+    was running before)."""
+    import multiprocessing
+
+    if (multiprocessing.parent_process() is not None
+            and threading.current_thread() is threading.main_thread()):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
