@@ -752,3 +752,44 @@ def test_a_stack_under_a_capped_rmm_pool_gives_the_uncapped_cores(tmp_path, thre
     assert plan.env_bytes > 640e6
     assert left == []
     _same(y, ref, tol=1e-10, dense=False)
+
+
+@pytest.mark.timeout(300)
+def test_the_slurm_runner_example_runs_src_on_a_cuda_worker(tmp_path):
+    """examples/slurm/runner.py ``--gpu`` as ``srun -n 3`` starts it inside an
+    allocation (dask-jobqueue's SLURMRunner: rank 0 the scheduler, rank 1 the client,
+    rank 2 a ``dask_cuda.CUDAWorker`` on the GPU; the ranks told by Slurm's variables,
+    set here as srun sets them): the run completes on that worker and its store holds
+    the CPU cores."""
+    from pathlib import Path
+
+    pytest.importorskip("dask_jobqueue", reason="the hpc extra's dask-jobqueue")
+    a, x = STACKS["mpo.mps"](np.complex128)
+    for i, t in enumerate((a, x)):
+        src_dask.save(t, tmp_path / "in" / str(i))
+    runner = Path(__file__).resolve().parent.parent / "examples" / "slurm" / "runner.py"
+    command = [sys.executable, str(runner), "--gpu", "--inputs", str(tmp_path / "in"),
+               "--store", str(tmp_path / "run.zarr"), "--chi-out", "32", "--seed", "2",
+               "--timeout", "120"]
+    logs = [open(tmp_path / f"rank{rank}.log", "w") for rank in range(3)]  # noqa: SIM115
+    ranks = [subprocess.Popen(command, cwd=tmp_path, stdout=logs[rank],
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "SLURM_PROCID": str(rank),
+                                   "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7",
+                                   "CUDA_VISIBLE_DEVICES": "0"})
+             for rank in range(3)]
+    try:
+        ranks[1].wait(240)  # the client's rank ends the job
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.terminate()
+        for p, log in zip(ranks, logs, strict=True):
+            p.wait(60)
+            log.close()
+    out = (tmp_path / "rank1.log").read_text()
+    assert ranks[1].returncode == 0, out[-3000:] + (tmp_path / "rank2.log").read_text()[-3000:]
+    assert "on 1 workers" in out
+    opened = [src_dask.open(tmp_path / "in" / str(i)) for i in range(2)]
+    y = src_dask.src(*opened, chi_out=32, seed=2, store=tmp_path / "run.zarr")  # its result
+    _same(y, _on("cpu", a, x, chi_out=32, seed=2))
