@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 from accuracy import core_difference
 from device import Device, run_gemm
 from distributed import get_task_stream
+from distributed.diagnostics.plugin import WorkerPlugin
 from flops import PLAN_CONVENTION, plan_flops, rates
 from harness import Config, Record, execute_benchmark, parser, print_table
 from memory import PeakMemory
@@ -111,28 +113,50 @@ class _WorkerData:
         self._thread.join()
 
 
+class _Keep(logging.Handler):
+    """Keeps the messages of src_dask's loggers and distributed's "unresponsive" ones."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.kept: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if record.name.startswith("src_dask") or "unresponsive" in msg:
+            self.kept.append(msg[:300])
+
+
+class WorkerWarnings(WorkerPlugin):
+    """On the worker: its warnings of distributed's event loop ("Event loop was
+    unresponsive", distributed's tick) and of src_dask (out-of-memory halving), kept
+    from its registration (:func:`_listen`) by a logging handler this plugin holds."""
+
+    name = "bench-ladder-warnings"
+    idempotent = True
+    LOGGERS = ("src_dask", "distributed.core", "distributed.worker")
+
+    def setup(self, worker: Any) -> None:
+        self.handler = _Keep()
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self.handler)
+
+    def teardown(self, worker: Any) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self.handler)
+
+    def read(self) -> list[str]:
+        return list(self.handler.kept)
+
+
+def _listen(client: Any) -> None:
+    """Keep the workers' warnings of distributed's event loop and of src_dask."""
+    client.register_plugin(WorkerWarnings())
+
+
 def _loop_warnings(client: Any) -> list[str]:
-    """The workers' "Event loop was unresponsive" warnings (distributed's tick) and
-    src_dask's own warnings there (out-of-memory halving), from :func:`_listen`."""
-    logs = client.run(lambda dask_worker: list(getattr(dask_worker, "_ladder_log", ())))
+    """The workers' warnings kept since :func:`_listen`."""
+    logs = client.run(lambda dask_worker: dask_worker.plugins[WorkerWarnings.name].read())
     return [msg for lines in logs.values() for msg in lines]
-
-
-def _listen(dask_worker: Any) -> None:
-    """Keep the worker's warnings of distributed's event loop and of src_dask."""
-    import logging
-
-    kept = dask_worker._ladder_log = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            msg = record.getMessage()
-            if record.name.startswith("src_dask") or "unresponsive" in msg:
-                kept.append(msg[:300])
-
-    handler = Keep(logging.WARNING)
-    for name in ("src_dask", "distributed.core", "distributed.worker"):
-        logging.getLogger(name).addHandler(handler)
 
 
 def _count_allocations() -> bool:
@@ -193,7 +217,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                          "text": str(plan)}
         print(plan, flush=True)
         if args.tasks:
-            client.run(_listen)
+            _listen(client)
         stream = get_task_stream(client=client) if args.tasks else contextlib.nullcontext()
         counted = cap_gb and all(client.run(_count_allocations).values())
         with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from device import Device
+from distributed.diagnostics.plugin import WorkerPlugin
 
 HERE = Path(__file__).resolve().parent
 
@@ -99,6 +100,7 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
     RMM pool), talking over ``--protocol``; yields a client. On one GPU this stands
     in for several: the same graph, the same transfers (CUDA IPC within the device
     under UCX), the kernels of all workers on one device."""
+    import dask
     from distributed import Client, LocalCluster
 
     device_limit = args.device_memory_limit
@@ -109,7 +111,10 @@ def shared_gpu_workers(n_workers: int, args: argparse.Namespace, local_directory
         memory_limit = str(host_memory() // n_workers)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible,  # the workers import these modules
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+           # the length of the workers' logs (tools/transfers.py's LOG_CONFIG), as set here
+           "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(
+               dask.config.get("distributed.admin.low-level-log-length"))}
     command = [sys.executable, "-m", "dask", "cuda", "worker", "--device-memory-limit",
                device_limit, "--memory-limit", memory_limit,
                "--nthreads", str(args.threads_per_worker or 4)]  # as src_dask.cluster
@@ -210,45 +215,63 @@ def cluster_cpu(client) -> Callable[[], float]:
 
 
 # -- spilling in Dask workers ---------------------------------------------------------
-def _worker_spill_counters(dask_worker) -> dict[str, Any]:
-    """Cumulative bytes this worker has spilled so far (run on the worker by ``client.run``).
+class SpillCounters(WorkerPlugin):
+    """Cumulative bytes a worker has spilled, kept by this plugin on each worker
+    (registered by :func:`spill_counters`; read back through ``Worker.plugins``).
 
     distributed's ``SpillBuffer`` (a CPU worker with a memory limit) keeps
-    ``cumulative_metrics``; dask-cuda's ``DeviceHostFile`` does not, so on its
-    zict buffers (``device_buffer``: device -> host, ``host_buffer``: host ->
-    disk) a callback is installed on first call that adds up what they evict.
-    Anything else (no memory limit: a plain dict) reports no spilling.
+    ``cumulative_metrics``, read as they are; dask-cuda's ``DeviceHostFile`` does not,
+    so on its zict buffers (``device_buffer``: device -> host, ``host_buffer``: host ->
+    disk) :meth:`setup` adds a callback to their public ``fast_to_slow_callbacks``
+    that adds up what they evict. Anything else (no memory limit: a plain dict) reports
+    no spilling.
     """
-    data = dask_worker.data
-    out: dict[str, Any] = {"data": type(data).__name__}
-    metrics = getattr(data, "cumulative_metrics", None)
-    if metrics is not None:
-        out["host_to_disk"] = float(metrics.get(("disk-write", "bytes"), 0.0))
-        out["disk_to_host"] = float(metrics.get(("disk-read", "bytes"), 0.0))
-        return out
-    counters = getattr(dask_worker, "_bench_spill_counters", None)
-    if counters is None:
-        counters = {}
+
+    name = "bench-spill-counters"
+    idempotent = True  # registered again by every reading: the first one stays
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        self.counters: dict[str, float] = {}
+        data = worker.data
+        if getattr(data, "cumulative_metrics", None) is not None:
+            return
         for attr, label in (("device_buffer", "device_to_host"), ("host_buffer", "host_to_disk")):
             buf = getattr(data, attr, None)
             if buf is None or not hasattr(buf, "fast_to_slow_callbacks"):
                 continue
-            counters[label] = 0.0
+            self.counters[label] = 0.0
 
             def add(key, value, *, label=label, weight=buf.weight):
-                counters[label] += float(weight(key, value))
+                self.counters[label] += float(weight(key, value))
 
             buf.fast_to_slow_callbacks.append(add)
-        dask_worker._bench_spill_counters = counters
-    out.update(counters)
-    if not counters:
-        out["note"] = "no spill buffer with counters on this worker"
-    return out
+
+    def read(self) -> dict[str, Any]:
+        """The counters so far (see the class)."""
+        data = self.worker.data
+        out: dict[str, Any] = {"data": type(data).__name__}
+        metrics = getattr(data, "cumulative_metrics", None)
+        if metrics is not None:
+            out["host_to_disk"] = float(metrics.get(("disk-write", "bytes"), 0.0))
+            out["disk_to_host"] = float(metrics.get(("disk-read", "bytes"), 0.0))
+            return out
+        out.update(self.counters)
+        if not self.counters:
+            out["note"] = "no spill buffer with counters on this worker"
+        return out
+
+
+def _read_spill_counters(dask_worker) -> dict[str, Any]:
+    """On a worker (by ``client.run``): its :class:`SpillCounters`' reading."""
+    return dask_worker.plugins[SpillCounters.name].read()
 
 
 def spill_counters(client) -> dict[str, dict[str, Any]]:
-    """Every worker's cumulative spill counters (see :func:`_worker_spill_counters`)."""
-    return client.run(_worker_spill_counters)
+    """Every worker's cumulative spill counters (see :class:`SpillCounters`, registered
+    here on first use)."""
+    client.register_plugin(SpillCounters())
+    return client.run(_read_spill_counters)
 
 
 #: The counters that count bytes leaving a tier (unspilling, disk -> host, is not spilling).

@@ -18,7 +18,7 @@ from memory import PeakMemory
 from methods import quimb_stack_fits, run_quimb_stack
 from problems import tiny_stack
 from timing import best_of, task_profile
-from tools.transfers import TransferWatch, write_detail
+from tools.transfers import LOG_CONFIG, TransferWatch, write_detail
 
 
 def _has_bokeh() -> bool:
@@ -58,7 +58,9 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
 
     keep_inputs = {"auto": "auto", "yes": True, "no": False}[args.keep_inputs]
     t0 = time.perf_counter()
-    with dask.config.set({"src_dask.device": device.name, "src_dask.keep-inputs": keep_inputs}), \
+    # LOG_CONFIG: the workers' transfer and transition logs long enough for the watch
+    with dask.config.set({"src_dask.device": device.name, "src_dask.keep-inputs": keep_inputs,
+                          **LOG_CONFIG}), \
             captured_log("src_dask", logging.INFO) as logged, \
             clusters.bench_cluster(n_workers, device, args, args.workdir) as (client, what):
         startup = time.perf_counter() - t0

@@ -115,6 +115,13 @@ def test_bench_stack_quick(tmp_path, capsys):
         assert e["spilled"]["total_bytes"] == 0
         assert e["core_diff_vs_first"] < 1e-10
     assert record["runs"]["w1_store"]["store"] and record["runs"]["w2_memory"]["workers"] == 2
+    # the transfer watch (plugins) read the last call's transfers from logs as long as
+    # the cluster was started with (tools/transfers.py's LOG_CONFIG)
+    from tools.transfers import MAXLEN
+
+    watched = record["runs"]["w2_memory"]["transfers"]
+    assert "failed" not in watched and set(watched["event_loop"]) == {"w0", "w1", "scheduler"}
+    assert {w["log_maxlen"] for w in watched["workers"].values()} == {MAXLEN}
     assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
 
     # workers started outside (as under Slurm), found through a scheduler file
@@ -313,12 +320,57 @@ def test_plot_ladder_draws_one_line_per_stack(tmp_path):
 
 
 def test_benchmarks_import_only_public_src_dask():
-    """The benchmarks and their tools use src_dask's public API alone, but for the two
-    tools that measure src_dask's internals themselves (the UCX comm's waits, single
-    kernels)."""
-    internals = {"tools/bench_transfer.py", "tools/profile_kernels.py"}
+    """The benchmarks and their tools use src_dask's public API alone (the single
+    kernels of ``tools/profile_kernels.py`` are plain CuPy calls of their shapes)."""
     private = re.compile(r"^\s*(from src_dask(\.\w+)* import _|from src_dask\._|"
-                         r"import src_dask\._)", re.M)
+                         r"import src_dask\._)|\bsrc_dask\.(\w+\.)*_[a-z]", re.M)
     for path in BENCH.rglob("*.py"):
-        name = path.relative_to(BENCH).as_posix()
-        assert name in internals or not private.search(path.read_text()), name
+        assert not private.search(path.read_text()), path.relative_to(BENCH).as_posix()
+
+
+def test_benchmarks_leave_dask_servers_as_they_are():
+    """What the benchmarks keep on Dask's workers and scheduler (spill counters, the
+    transfer watch, the ladder's warnings) lives in plugins registered through
+    ``Client.register_plugin``: no attribute of a worker or scheduler is set or
+    replaced, and none of theirs starting with ``_`` is read."""
+    setting = re.compile(r"\bdask_(worker|scheduler)\.[\w.]+\s*=[^=]|"
+                         r"\bdask_(worker|scheduler)\.(\w+\.)*_\w|"
+                         r"getattr\(dask_(worker|scheduler), \"_")
+    for path in BENCH.rglob("*.py"):
+        assert not setting.search(path.read_text()), path.relative_to(BENCH).as_posix()
+
+
+def test_profile_kernels_runs_on_the_cpu(tmp_path, capsys):
+    """``tools/profile_kernels.py --device cpu --quick`` times one site of each problem
+    and, with ``--products native,3m``, each of their products both ways."""
+    out = tmp_path / "kernels.json"
+    record, stdout = _main("tools.profile_kernels", "--device", "cpu", "--products",
+                           "native,3m", "--no-dm2000", "--out", str(out), capsys=capsys)
+    assert json.loads(out.read_text())["date"] == record["date"]
+    for site in ("mpo_mps_chi32", "stack_dm16"):
+        entry = record[site]
+        assert entry["kernels_s"] > 0 and entry["floor_s"] > 0
+        assert entry["qr_max_diff"] < 1e-10  # CholeskyQR2 and Householder: the same Q
+        assert {"native", "3m"} <= {k.removeprefix(f"{site}_") for k in record}
+    rows = record["products_dm16"]
+    assert {r["step"] for r in rows} == {"pass1", "project", "piece", "update"}
+    assert all(r["native_s"] > 0 and r["three_s"] > 0 for r in rows)
+    assert "stack_dm32" not in record and "copies_256MiB" not in record
+    assert FLOP_LEGEND in stdout
+
+
+def test_three_real_products_of_profile_kernels_are_the_products():
+    """The three real products ``tools/profile_kernels.py`` times are the complex ones."""
+    import numpy as np
+
+    pk = importlib.import_module("tools.profile_kernels")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 5, 7)) + 1j * rng.standard_normal((3, 5, 7))
+    b = rng.standard_normal((3, 7, 4)) + 1j * rng.standard_normal((3, 7, 4))
+    for conj in (False, True):
+        want = np.matmul(a.conj() if conj else a, b)
+        assert np.allclose(pk.three_real(np, a, b, conj), want, rtol=1e-13, atol=1e-13)
+    # the pairwise steps of pass 1's path as batched products (batch, m, k, n)
+    eq, _ = pk.equations(2)
+    steps = pk.gemms(eq, (8, 4, 6), (8, 2, 1), (4, 5, 2, 3), (6, 7, 3, 1))
+    assert steps and all(len(s) == 4 and min(s) >= 1 for s in steps)

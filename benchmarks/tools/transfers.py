@@ -3,19 +3,21 @@
 workers' and the scheduler's event loops kept up: the ``transfers`` field of
 ``bench_stack.py``'s record, read from distributed's public diagnostics.
 
-Before each call :meth:`TransferWatch.reset` (``best_of``'s ``setup``, untimed)
-installs on every worker, once, and then clears:
-
-- larger transfer logs: distributed keeps ``Worker.transfer_incoming_log`` and
-  ``transfer_outgoing_log`` (one dict per ``gather_dep`` / ``get_data``: ``start``,
-  ``stop``, ``duration``, ``who``, ``keys`` {key: nbytes}, ``total``,
-  ``bandwidth``) and the worker state machine's transition log
-  (``WorkerState.log``) in deques of ``distributed.admin.low-level-log-length``
-  (1000) entries; these become deques of :data:`MAXLEN`, emptied before each call so
-  that warm-up transfers do not count;
-- an event-loop watch (a tornado ``PeriodicCallback`` every :data:`TICK_S`; a tick
-  later than :data:`STALL_S` is a stall, kept with its time), on the workers and on
-  the scheduler. (``Worker.digests`` would give percentiles but need crick.)
+A cluster whose transfers are watched starts under :data:`LOG_CONFIG`: distributed
+keeps ``Worker.transfer_incoming_log`` and ``transfer_outgoing_log`` (one dict per
+``gather_dep`` / ``get_data``: ``start``, ``stop``, ``duration``, ``who``, ``keys``
+{key: nbytes}, ``total``, ``bandwidth``) and the worker state machine's transition log
+(``WorkerState.log``) in deques of Dask config ``distributed.admin.low-level-log-length``
+entries (1000 by default, :data:`MAXLEN` under :data:`LOG_CONFIG`; workers started
+outside take it from their environment,
+``DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH``). Before each call
+:meth:`TransferWatch.reset` (``best_of``'s ``setup``, untimed) registers, once, a
+:class:`WatchWorker` plugin on every worker and a :class:`WatchScheduler` plugin on the
+scheduler (``Client.register_plugin``), and has them mark where the logs stand, so that
+warm-up transfers do not count, and restart their event-loop watch (a tornado
+``PeriodicCallback`` every :data:`TICK_S`; a tick later than :data:`STALL_S` is a stall,
+kept with its time). (``Worker.digests`` would give percentiles but need crick.) The
+plugins are read back through the public ``Worker.plugins`` and ``Scheduler.plugins``.
 
 After the timed calls :meth:`TransferWatch.collect` reads it all back (the last
 call's, with ``repeats`` > 1) and :func:`summarise` matches each incoming transfer
@@ -34,21 +36,25 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, deque
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
 from tools.timeline import covered, merge
 
-#: Entries each enlarged log keeps (distributed's default is 1000).
+#: Entries each log of a watched cluster keeps (distributed's default is 1000).
 MAXLEN = 200_000
+#: The Dask config a watched cluster starts under (its workers' and scheduler's logs).
+LOG_CONFIG = {"distributed.admin.low-level-log-length": MAXLEN}
 #: The event-loop watch's period, and the lateness that counts as a stall.
 TICK_S, STALL_S = 0.01, 0.05
 #: Stalls each loop keeps (the longest are reported, with what computed meanwhile).
 MAX_STALLS = 100_000
 
 
-# -- on the workers and the scheduler (by client.run / run_on_scheduler) --------------
+# -- on the workers and the scheduler (plugins, read by client.run / run_on_scheduler) -----
 class _LoopWatch:
     """A tornado callback every ``interval`` s on the current event loop; records the
     gaps between its ticks, and every gap over :data:`STALL_S` with its time."""
@@ -84,45 +90,101 @@ class _LoopWatch:
         if gap > STALL_S and len(self.stalls) < MAX_STALLS:
             self.stalls.append((now - gap + self._delay(), now + self._delay()))
 
-    def read(self) -> dict[str, Any]:
+    def stop(self) -> None:
         self.pc.stop()
+
+    def read(self) -> dict[str, Any]:
+        self.stop()
         return {"interval_s": self.interval, "ticks": self.n, "total_s": self.total,
                 "max_s": self.max, "stalls": list(self.stalls), "t0": self.t0 + self._delay()}
 
 
+def _since(log: Any, mark: Any) -> tuple[list[Any], bool]:
+    """The entries of ``log`` after ``mark`` (the entry that was last at the reset; None:
+    the log was empty then), and whether some of them may be gone (``mark`` itself
+    dropped off the deque's far end, or an unmarked log at its full length)."""
+    entries = list(log)
+    if mark is None:
+        return entries, len(entries) == log.maxlen
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i] is mark:
+            return entries[i + 1:], False
+    return entries, True
+
+
+class WatchWorker(WorkerPlugin):
+    """On each worker: where its transfer and transition logs stood at the last
+    :meth:`reset`, and the event-loop watch; :meth:`collect` reads what came since
+    (nothing of the worker's is replaced or cleared)."""
+
+    name = "bench-transfer-watch"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        self.loop = _LoopWatch(worker)
+        self.marks: tuple[Any, Any, Any] = (None, None, None)
+
+    def teardown(self, worker: Any) -> None:
+        self.loop.stop()
+
+    def _logs(self) -> tuple[Any, Any, Any]:
+        w = self.worker
+        return w.state.log, w.transfer_incoming_log, w.transfer_outgoing_log
+
+    def reset(self) -> None:
+        self.marks = tuple(log[-1] if log else None for log in self._logs())
+        self.loop.reset()
+
+    def collect(self) -> dict[str, Any]:
+        """What the logs and the watch hold since the last reset."""
+        dask_worker, ws = self.worker, self.worker.state
+        (log, log_full), (incoming, in_full), (outgoing, out_full) = (
+            _since(x, m) for x, m in zip(self._logs(), self.marks, strict=True))
+        states = [(e[0], e[3], e[-1]) for e in log  # this worker's clock
+                  if len(e) == 7 and e[3] in ("fetch", "flight", "executing")
+                  and isinstance(e[4], dict)]
+        return {
+            "config": _comm_config(), "threads": ws.nthreads, "name": str(dask_worker.name),
+            "delay": dask_worker.scheduler_delay,
+            "incoming": [dict(e) for e in incoming], "outgoing": [dict(e) for e in outgoing],
+            "states": states, "busy_replies": sum(1 for e in log if e[0] == "gather-dep-busy"),
+            "logs_full": [log_full, in_full, out_full], "log_maxlen": ws.log.maxlen,
+            "loop": self.loop.read(),
+            "limits": {"incoming_count": ws.transfer_incoming_count_limit,
+                       "incoming_bytes": ws.transfer_incoming_bytes_limit,
+                       "message_bytes": ws.transfer_message_bytes_limit,
+                       "outgoing_count": dask_worker.transfer_outgoing_count_limit},
+        }
+
+
+class WatchScheduler(SchedulerPlugin):
+    """On the scheduler: its event-loop watch."""
+
+    name = "bench-transfer-watch"
+    idempotent = True
+
+    async def start(self, scheduler: Any) -> None:
+        self.loop = _LoopWatch(scheduler)
+
+    async def close(self) -> None:
+        self.loop.stop()
+
+
 def _worker_reset(dask_worker: Any) -> None:
-    """Enlarge the logs and start the loop watch (first call), then clear them."""
-    if getattr(dask_worker, "_bench_loop", None) is None:
-        dask_worker.transfer_incoming_log = deque(maxlen=MAXLEN)
-        dask_worker.transfer_outgoing_log = deque(maxlen=MAXLEN)
-        dask_worker.state.log = deque(maxlen=MAXLEN)
-        dask_worker._bench_loop = _LoopWatch(dask_worker)
-    dask_worker.transfer_incoming_log.clear()
-    dask_worker.transfer_outgoing_log.clear()
-    dask_worker.state.log.clear()
-    dask_worker._bench_loop.reset()
+    dask_worker.plugins[WatchWorker.name].reset()
 
 
 def _worker_collect(dask_worker: Any) -> dict[str, Any]:
-    """What the logs and the watch hold since the last reset."""
-    log, ws = dask_worker.state.log, dask_worker.state
-    states = [(e[0], e[3], e[-1]) for e in log  # this worker's clock
-              if len(e) == 7 and e[3] in ("fetch", "flight", "executing")
-              and isinstance(e[4], dict)]
-    return {
-        "config": _comm_config(), "threads": ws.nthreads, "name": str(dask_worker.name),
-        "delay": dask_worker.scheduler_delay,
-        "incoming": [dict(e) for e in dask_worker.transfer_incoming_log],
-        "outgoing": [dict(e) for e in dask_worker.transfer_outgoing_log],
-        "states": states, "busy_replies": sum(1 for e in log if e[0] == "gather-dep-busy"),
-        "logs_full": [len(x) == MAXLEN for x in (log, dask_worker.transfer_incoming_log,
-                                                 dask_worker.transfer_outgoing_log)],
-        "loop": dask_worker._bench_loop.read(),
-        "limits": {"incoming_count": ws.transfer_incoming_count_limit,
-                   "incoming_bytes": ws.transfer_incoming_bytes_limit,
-                   "message_bytes": ws.transfer_message_bytes_limit,
-                   "outgoing_count": dask_worker.transfer_outgoing_count_limit},
-    }
+    return dask_worker.plugins[WatchWorker.name].collect()
+
+
+def _scheduler_reset(dask_scheduler: Any) -> None:
+    dask_scheduler.plugins[WatchScheduler.name].loop.reset()
+
+
+def _scheduler_collect(dask_scheduler: Any) -> dict[str, Any]:
+    return {"loop": dask_scheduler.plugins[WatchScheduler.name].loop.read()}
 
 
 def _comm_config() -> dict[str, Any]:
@@ -139,16 +201,6 @@ def _comm_config() -> dict[str, Any]:
             "env": {k: v for k, v in os.environ.items() if k.startswith(("UCX", "DASK_"))}}
 
 
-def _scheduler_reset(dask_scheduler: Any) -> None:
-    if getattr(dask_scheduler, "_bench_loop", None) is None:
-        dask_scheduler._bench_loop = _LoopWatch(dask_scheduler)
-    dask_scheduler._bench_loop.reset()
-
-
-def _scheduler_collect(dask_scheduler: Any) -> dict[str, Any]:
-    return {"loop": dask_scheduler._bench_loop.read()}
-
-
 # -- in the client ---------------------------------------------------------------------
 class TransferWatch:
     """The instruments of this module on ``client``'s cluster: :meth:`reset` before
@@ -160,6 +212,8 @@ class TransferWatch:
 
     def reset(self) -> None:
         try:
+            self.client.register_plugin(WatchWorker())  # once: then ignored (idempotent)
+            self.client.register_plugin(WatchScheduler())
             self.client.run(_worker_reset)
             self.client.run_on_scheduler(_scheduler_reset)
         except Exception as err:  # the timing goes on without its diagnosis
@@ -310,7 +364,8 @@ def summarise(workers: dict[str, dict[str, Any]], scheduler: dict[str, Any],
         "event_loop": loops, "slowest": sorted(detail, key=lambda t: -t["duration_s"])[:12],
         "workers": {names[a]: {"address": a, "threads": w["threads"],
                                "busy_replies": w["busy_replies"], "limits": w["limits"],
-                               "config": w["config"], "logs_full": w["logs_full"]}
+                               "config": w["config"], "logs_full": w["logs_full"],
+                               "log_maxlen": w.get("log_maxlen")}
                     for a, w in by_name},
     }, detail
 
