@@ -25,16 +25,16 @@ def _layouts(many_tasks):
     """Small runs here are graphs of many tasks: their layout is what is tested."""
 
 
-def _sweep(n=6, chunk=3, oversample=0, workers=None, threads=1):
+def _sweep(n=6, chunk=3, oversample=0, addresses=None, threads=1):
     a, x = random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)
     stack = make_stack((a, x))
     plan = _plan.Plan(sketch=8, chunk=chunk, chi_out=6, cutoff=0.0,
                        key=_random.seed_key(0), round=oversample > 0, threads=threads)
-    return dict(_graph.build(stack, plan, workers).dask)
+    return dict(_graph.build(stack, plan, addresses).dask)
 
 
-def _graph_keys(n=6, chunk=3, oversample=0, workers=None):
-    return list(_sweep(n, chunk, oversample, workers))
+def _graph_keys(n=6, chunk=3, oversample=0, addresses=None):
+    return list(_sweep(n, chunk, oversample, addresses))
 
 
 def test_task_prefixes_name_pass_and_site():
@@ -51,7 +51,7 @@ def test_task_prefixes_name_pass_and_site():
 
 def test_graph_shape_per_site():
     # 8 columns in blocks of 3 -> 3 blocks, spread over two CPU workers of two threads
-    dsk = _sweep(n=6, chunk=3, workers=["w0", "w1"], threads=2)
+    dsk = _sweep(n=6, chunk=3, addresses=["w0", "w1"], threads=2)
     keys = list(dsk)
     pass1 = [k for k in keys if key_split(k).startswith("pass1") and isinstance(k[1], int)]
     assert len(pass1) == 3 * 5  # one task per block and site
@@ -75,7 +75,7 @@ def test_pass2_in_one_place_is_one_task_per_site():
     schedulers on a CPU keep one task per piece, which their threads run side by side."""
     from dask.core import get_dependencies
 
-    dsk = _sweep(n=6, chunk=3, workers=["w0"])
+    dsk = _sweep(n=6, chunk=3, addresses=["w0"])
     site3 = [k for k in dsk if key_split(k) == "pass2_site3"]
     assert sorted(k[1] for k in site3) == ["core", "qr"]
     qr = {key_split(k): k for k in dsk if k[1:2] == ("qr",)}
@@ -106,7 +106,7 @@ def test_projected_cores_in_row_blocks_give_the_same_cores(monkeypatch, options)
     # in one process the QR task sums S from the blocks; over CPU workers a chain of
     # update tasks does, one where each block is
     assert not [k for k in keys if k[1:2] == ("update",)]
-    keys = list(dict(_graph.build(stack, plan, workers=["w0", "w1"]).dask))
+    keys = list(dict(_graph.build(stack, plan, addresses=["w0", "w1"]).dask))
     assert len([k for k in keys if k[1:2] == ("update",)]) > 7
     y = src_dask.src(*trains, **opts)
     for c, c0 in zip(y, ref, strict=True):
@@ -160,7 +160,7 @@ def _first_worker_graph(n=7, read_ahead=2):
     plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                        threads=1, read_ahead=read_ahead)
     assert _plan.SweepPlan.decide(stack, plan, ["w0", "w1"]).pass2 is _plan.Pass2.FIRST
-    graph = _graph.build(stack, plan, workers=["w0", "w1"])
+    graph = _graph.build(stack, plan, addresses=["w0", "w1"])
     token = next(k for k in graph.dask if isinstance(k, str)
                  and k.startswith("src_result-"))[11:]
     return dict(graph.dask), _where(graph), token
@@ -272,11 +272,11 @@ def test_cpu_tasks_on_a_cluster_keep_glibcs_reuse_of_freed_blocks(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     assert tasks.with_heap(lambda: 8) == 8 and not calls
 
-    def wrapped(workers, device):
+    def wrapped(addresses, device):
         stack = make_stack((random_mpo(5, 3, seed=1), random_mps(5, 4, seed=2)))
         plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                            device=device)
-        dsk = dict(_graph.build(stack, plan, workers=workers).dask)
+        dsk = dict(_graph.build(stack, plan, addresses=addresses).dask)
         qr = [v for k, v in dsk.items() if k[1:2] == ("qr",)]
         return {isinstance(t[0], partial) and t[0].func is tasks.with_heap for t in qr}
 
@@ -332,10 +332,10 @@ def test_a_run_that_is_one_task_uses_the_cores_of_its_workers_host():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from src_dask._graph import tasks
 
-    workers = {"tcp://10.0.0.2:4": {"host": "10.0.0.2", "nthreads": 1},
-               "tcp://10.0.0.1:9": {"host": "10.0.0.1", "nthreads": 1},
-               "tcp://10.0.0.1:7": {"host": "10.0.0.1", "nthreads": 2}}
-    assert _plan.one_task_worker(workers) == ("tcp://10.0.0.1:7", 3)
+    info = {"tcp://10.0.0.2:4": {"host": "10.0.0.2", "nthreads": 1},
+            "tcp://10.0.0.1:9": {"host": "10.0.0.1", "nthreads": 1},
+            "tcp://10.0.0.1:7": {"host": "10.0.0.1", "nthreads": 2}}
+    assert _plan.one_task_worker(info) == ("tcp://10.0.0.1:7", 3)
 
     def blas():
         return {i["num_threads"] for i in threadpoolctl.threadpool_info()
@@ -494,10 +494,10 @@ def test_in_memory_inputs_travel_once_in_the_graph():
             walk(task)
         return found
 
-    for device, workers, data_keys in (("cpu", None, 0), ("gpu", ["w0", "w1"], 12)):
+    for device, addresses, data_keys in (("cpu", None, 0), ("gpu", ["w0", "w1"], 12)):
         plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                            device=device)
-        dsk = dict(_graph.build(stack, plan, workers=workers).dask)
+        dsk = dict(_graph.build(stack, plan, addresses=addresses).dask)
         assert set(embedded(dsk).values()) == {1}, device
         shared = [k for k in dsk if key_split(k) == "src_input"]
         assert len(shared) == data_keys, device
@@ -522,7 +522,7 @@ def test_several_gpus_read_their_own_inputs_and_run_pass_2_on_one(tmp_path):
     plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=0, round=False,
                        device="gpu", z_block_bytes=1)
     with dask.config.set({"src_dask.pass2-split": False}):
-        graph = _graph.build(stack, plan, workers=["w0", "w1"])
+        graph = _graph.build(stack, plan, addresses=["w0", "w1"])
     dsk = dict(graph.dask)
     where = {k: f(k) for layer in graph.dask.layers.values()
              for k, f in ((k, (layer.annotations or {}).get("workers")) for k in layer)
@@ -605,13 +605,13 @@ def _deps(dsk, key) -> set:
     return set(get_dependencies(dsk, key))
 
 
-def _split_graph(n=7, workers=("w0", "w1"), sketch=8, chunk=4, z_block_bytes=1,
+def _split_graph(n=7, addresses=("w0", "w1"), sketch=8, chunk=4, z_block_bytes=1,
                  device="cpu"):
     stack = make_stack((random_mpo(n, 3, seed=1), random_mps(n, 4, seed=2)))
     plan = _plan.Plan(sketch=sketch, chunk=chunk, chi_out=8, cutoff=0.0, key=0, round=False,
                        device=device, z_block_bytes=z_block_bytes)
     with dask.config.set({"src_dask.pass2-split": True}):
-        graph = _graph.build(stack, plan, workers=list(workers))
+        graph = _graph.build(stack, plan, addresses=list(addresses))
     return stack, plan, graph
 
 
@@ -622,7 +622,7 @@ def test_split_pass_2_moves_one_environment_a_site(workers):
     not make in pass 1 ((W-1)/W of C_j, copied ahead of use), and the shares of S
     for its rows; the sketch goes to the QR. Z never moves."""
     names = tuple(f"w{i}" for i in range(workers))
-    stack, plan, graph = _split_graph(workers=names, sketch=9, chunk=3)
+    stack, plan, graph = _split_graph(addresses=names, sketch=9, chunk=3)
     dsk, where = dict(graph.dask), _where(graph)
     token = next(k for k in dsk if isinstance(k, str) and k.startswith("src_result-"))[11:]
     for j in range(1, stack.n - 1):
@@ -675,7 +675,7 @@ def test_split_pass_2_copies_inputs_over_a_fast_link():
     """On GPU workers linked by UCX each site's cores are read once (site j by worker
     j % W) and copied to the others; over TCP every worker reads its own."""
     for scheme, reads in (("ucx", 1), ("tcp", 2)):
-        _, _, graph = _split_graph(workers=(f"{scheme}://a:1", f"{scheme}://b:2"),
+        _, _, graph = _split_graph(addresses=(f"{scheme}://a:1", f"{scheme}://b:2"),
                                    device="gpu")
         dsk, where = dict(graph.dask), _where(graph)
         loads = [k for k in dsk if isinstance(k, tuple) and key_split(k).startswith("load_site")]
@@ -697,7 +697,7 @@ def test_reads_and_copies_ahead_of_use_wait_on_signals():
     waiting on the step itself moved its result to them for nothing."""
     for scheme in ("ucx", "tcp"):
         names = (f"{scheme}://a:1", f"{scheme}://b:2")
-        _, _, graph = _split_graph(workers=names, device="gpu")
+        _, _, graph = _split_graph(addresses=names, device="gpu")
         dsk, where = dict(graph.dask), _where(graph)
         pacers = [k for k in dsk if isinstance(k, tuple)
                   and (key_split(k).startswith("load_site") or key_split(k) == "src_read"

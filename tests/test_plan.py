@@ -261,17 +261,17 @@ def test_device_task_bytes_is_what_the_kept_data_leave():
     assert _plan.device_task_bytes(100 * GIB, None, 120 * GIB, 2) == int(headroom / 2)
 
 
-def _facts(device, threads, keep=None, workers=1):
+def _facts(device, threads, keep=None, n_workers=1):
     """A GPU worker of ``device`` bytes keeping ``keep`` of them (dask-cuda's limit)."""
-    return _plan.Workers(count=workers, threads=threads, rss=0, host_limit=None, keep=None,
+    return _plan.Workers(count=n_workers, threads=threads, rss=0, host_limit=None, keep=None,
                          device_limit=keep, device_memory=device, memory=device)
 
 
-def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, workers=1):
+def _gpu_plan(stack, chi_out, keep, device=140 * GIB, threads=4, n_workers=1):
     from src_dask import _api
 
     return _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu",
-                            workers=_facts(device, threads, keep, workers), slots=workers)
+                            facts=_facts(device, threads, keep, n_workers), slots=n_workers)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -343,7 +343,7 @@ def test_a_projected_core_the_device_cannot_keep_is_projected_twice(dm, pool_gb)
     stack = make_stack(tuple(problems.stack(50, dm).values()))
     device, keep = pool_gb * 10**9, pool_gb * 10**9 * 2 // 3
     facts = _facts(device, 4, keep)
-    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", workers=facts,
+    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", facts=facts,
                             slots=1)
     ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
     kept = dataclasses.replace(plan, reproject=False, host_envs=stack.n - 1)
@@ -391,7 +391,7 @@ def test_a_gpu_worker_with_little_host_memory_reads_fewer_sites_ahead(host_gb):
     facts = _plan.Workers(count=1, threads=4, rss=1_400_000_000, host_limit=host,
                           keep=int(0.6 * host), device_limit=16 * 10**9,
                           device_memory=24 * 10**9, memory=24 * 10**9)
-    plan = _api.decide_plan(stack, 500, 0, 0.0, None, device="gpu", workers=facts, slots=1)
+    plan = _api.decide_plan(stack, 500, 0, 0.0, None, device="gpu", facts=facts, slots=1)
     sweep = _plan.SweepPlan.decide(stack, plan, None)
     est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
                              product="")
@@ -527,7 +527,7 @@ def test_spilling_beyond_the_free_disk_is_refused_before_any_work():
 
     stack = _deep(3, n=20, bond=16)
     roomy = _cpu_workers(disk_free=2**40)
-    plan = _api.decide_plan(stack, 600, 0, 0.0, None, device="cpu", workers=roomy, slots=2)
+    plan = _api.decide_plan(stack, 600, 0, 0.0, None, device="cpu", facts=roomy, slots=2)
     sweep = _plan.SweepPlan.decide(stack, plan, None)
     to_disk = _estimate.estimate(stack, sweep, roomy, store=False, tasks=0, store_bytes=0,
                                  product="").to_disk
@@ -611,7 +611,7 @@ def test_environments_host_memory_cannot_keep_go_to_disk(dm, pool_gb, host_gb):
                           keep=int(min(0.6 * host, 0.7 * host - rss)),
                           device_limit=pool_gb * 10**9 * 2 // 3,
                           device_memory=pool_gb * 10**9, memory=pool_gb * 10**9)
-    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", workers=facts, slots=1)
+    plan = _api.decide_plan(stack, dm // 2, 0, 0.0, None, device="gpu", facts=facts, slots=1)
     sweep = _plan.SweepPlan.decide(stack, plan, None)
     est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
                              product="")
@@ -651,14 +651,14 @@ def test_a_run_on_one_gpu_worker_is_one_task_only_within_its_device_limit(device
 
     stack = make_stack((random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)))  # 2.7e10 flop
     memory = 141 * 2**30
-    for workers, want in ((1, one), (2, False)):
-        facts = _plan.Workers(count=workers, threads=4, rss=3 * 2**30, host_limit=100 * 2**30,
+    for n_workers, want in ((1, one), (2, False)):
+        facts = _plan.Workers(count=n_workers, threads=4, rss=3 * 2**30, host_limit=100 * 2**30,
                               keep=60 * 2**30, device_limit=device_limit,
                               device_memory=memory, memory=memory)
-        plan = _api.decide_plan(stack, 256, 0, 0.0, None, device="gpu", workers=facts,
-                                slots=workers)
-        client = SimpleNamespace(scheduler_info=lambda w=workers: {
-            "workers": {f"tcp://gpu{i}:1": {} for i in range(w)}})
+        plan = _api.decide_plan(stack, 256, 0, 0.0, None, device="gpu", facts=facts,
+                                slots=n_workers)
+        client = SimpleNamespace(scheduler_info=lambda n=n_workers: {
+            "workers": {f"tcp://gpu{i}:1": {} for i in range(n)}})
         with dask.config.set({"src_dask.one-task-flops": 2e9}):
             flops = _api._one_task_flops(stack, plan, client, facts)
-        assert (flops is not None) is want, (workers, device_limit)
+        assert (flops is not None) is want, (n_workers, device_limit)

@@ -238,21 +238,21 @@ def _plan_for(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int 
     # CuPy in, CuPy out (as quimb does), unless a client gets the result
     to_host = client is not None or not all(map(is_cupy, inputs))
     facts = worker_facts(client, device)
-    return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device, workers=facts,
+    return decide_plan(stack, chi_out, extra, cutoff, chunk, device=device, facts=facts,
                        slots=_plan.slots(client, device), to_host=to_host,
                        store=store), facts
 
 
 def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: int | None, *,
-                device: str, workers: _plan.Workers, slots: int, to_host: bool = True,
+                device: str, facts: _plan.Workers, slots: int, to_host: bool = True,
                 store: bool = False) -> _plan.Plan:
-    """The plan for ``workers``, the facts of what the smallest worker has
-    (:class:`_plan.Workers`, from :func:`_cluster.worker_facts`, or described by
-    hand, as ``benchmarks/plan_reference.py`` does for a machine one does not
+    """The plan for ``facts``, what the smallest worker has (:class:`_plan.Workers`,
+    from :func:`_cluster.worker_facts`, or described by hand, as
+    :func:`src_dask.diagnostics.described_plan` does for a machine one does not
     have); ``slots``: blocks of sketch columns that run at once. On a GPU the tasks
     get what the run's data leave of the device (``_plan.device_task_bytes``)."""
     sketch = _plan.sketch_width(stack, chi_out, extra)
-    keep = _plan.keep_inputs(stack.input_bytes(lazy=True), workers.memory)
+    keep = _plan.keep_inputs(stack.input_bytes(lazy=True), facts.memory)
 
     def sized(task: int | None, decided: _plan.Plan | None = None) -> _plan.Plan:
         """The plan with tasks of ``task`` bytes, and what ``decided`` decided of where
@@ -261,8 +261,8 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         plan = _plan.Plan(sketch=sketch, chunk=cols, chi_out=min(chi_out, sketch),
                           cutoff=cutoff, key=0, round=extra > 0, device=device,
                           to_host=to_host, keep_inputs=keep, task_bytes=task,
-                          threads=workers.threads)
-        ahead = _plan.read_ahead(stack, plan, workers)
+                          threads=facts.threads)
+        ahead = _plan.read_ahead(stack, plan, facts)
         if decided is not None:
             plan = dataclasses.replace(plan, host_envs=decided.host_envs,
                                        disk_envs=decided.disk_envs,
@@ -271,27 +271,27 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
                 ahead = min(ahead or decided.read_ahead, decided.read_ahead)
         return dataclasses.replace(plan, read_ahead=ahead)
 
-    plan = sized(_plan.task_bytes(workers, device))
-    if device == "gpu" and workers.device_memory and plan.task_bytes is not None:
+    plan = sized(_plan.task_bytes(facts, device))
+    if device == "gpu" and facts.device_memory and plan.task_bytes is not None:
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
         ahead = _estimate.inputs_in_flight(stack, _plan.lookahead(stack, plan))
-        if _reproject(stack, plan, workers, ahead, store):
+        if _reproject(stack, plan, facts, ahead, store):
             plan = dataclasses.replace(plan, reproject=True)
         # sized as if the device kept all the data it may (up to its limit): the room
         # the environments sent to host memory leave is margin for what the memory
         # model misses (the pool's fragmentation, the libraries' workspaces)
-        data = max(_estimate.data_held(stack, plan, workers.count, store))
+        data = max(_estimate.data_held(stack, plan, facts.count, store))
         if not store:  # environments beyond what the device keeps go to host memory,
             # and those beyond what the host keeps on to disk
-            plan = dataclasses.replace(plan, host_envs=_host_envs(stack, plan, workers, ahead))
-            plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, workers))
+            plan = dataclasses.replace(plan, host_envs=_host_envs(stack, plan, facts, ahead))
+            plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, facts))
             if plan.disk_envs and _plan.lookahead(stack, plan) > _ENVS_FIRST:
                 # inputs read fewer sites ahead leave host memory to environments
                 plan = dataclasses.replace(plan, read_ahead=_ENVS_FIRST)
-                plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, workers))
-        task = _plan.device_task_bytes(workers.device_memory, workers.device_limit, data,
-                                       workers.threads, ahead)
+                plan = dataclasses.replace(plan, disk_envs=_disk_envs(stack, plan, facts))
+        task = _plan.device_task_bytes(facts.device_memory, facts.device_limit, data,
+                                       facts.threads, ahead)
         if task < plan.task_bytes:
             try:
                 smaller = sized(task, plan)
@@ -300,7 +300,7 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
             except MemoryError:  # the data leave too little: the tasks keep their share
                 log.info("src: the data kept on the device (%.3g GB) leave %.3g GB a task, "
                          "less than pass 2 needs; tasks sized to %.3g GB (expect spilling)",
-                         min(data, workers.device_limit or data) / 1e9, task / 1e9,
+                         min(data, facts.device_limit or data) / 1e9, task / 1e9,
                          plan.task_bytes / 1e9)
     _plan.check_fits(stack, plan)  # refused before a store or a graph is made
     return plan
@@ -478,12 +478,13 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     weights = _graph.discarded(graph)
     wanted = [graph.key] + ([weights.key] if weights is not None else [])
     dsk = dict(graph.__dask_graph__().cull(set(wanted)))
-    workers = client.scheduler_info()["workers"]
-    worker, threads = _plan.one_task_worker(workers)
+    # the scheduler's info on each worker (``info``, elsewhere; here that is the RunInfo)
+    worker_info = client.scheduler_info()["workers"]
+    worker, threads = _plan.one_task_worker(worker_info)
     if plan.device == "cpu":  # the host's cores, idle meanwhile (tasks.with_threads)
         here = partial(_graph.tasks.with_threads, threads, _graph.compute_here)
     else:  # the GPU worker's own threads, each queueing kernels as in-process runs do
-        threads = int(workers[worker].get("nthreads") or 1)
+        threads = int(worker_info[worker].get("nthreads") or 1)
         here = partial(_graph.compute_here, threads=threads)
     if _plan.own_heap(plan.device, on_cluster=True):  # glibc's malloc (tasks.with_heap)
         here = partial(_graph.tasks.with_heap, here)
@@ -566,7 +567,8 @@ def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool =
     """The output cores of ``graph`` and the weights its rounding discards (None without
     rounding). On a cluster each core travels to the client as
     soon as it is final, while pass 2 goes on (still one graph, one submission),
-    instead of all of them in one message at the end (3.2 GB for the D_M=1000 stack).
+    instead of all of them in one message at the end (gigabytes at once for the
+    reference stacks: docs/design.md §7, "Results").
 
     ``launch_only``: every task only queues GPU kernels (CuPy inputs, CuPy results),
     so threads have nothing to overlap and Dask's synchronous scheduler, with half

@@ -140,9 +140,9 @@ def rmm_pool(device_memory_limit: Any) -> tuple[Any, Any]:
     return limit, None
 
 
-def _transport(workers: int, protocol: str | None, security: Any, device_memory_limit: Any,
+def _transport(n_workers: int, protocol: str | None, security: Any, device_memory_limit: Any,
                host: str, kwargs: dict[str, Any]) -> str | None:
-    """The protocol of a GPU cluster of ``workers`` workers (None: ``LocalCluster``'s
+    """The protocol of a GPU cluster of ``n_workers`` workers (None: ``LocalCluster``'s
     choice, tcp or tls); sets the RMM options into ``kwargs`` (what the caller put
     there stays). See :func:`cluster`."""
     tls = bool(security.require_encryption)
@@ -151,28 +151,30 @@ def _transport(workers: int, protocol: str | None, security: Any, device_memory_
                          "requires encryption: use protocol='tls' (or a Security without "
                          "require_encryption)")
     rmm_missing = _cannot_import("rmm")
-    if protocol is None and workers > 1:
+    if protocol is None and n_workers > 1:
         if tls:
             log.info("cluster: %d GPUs over TLS (security requires encryption, which UCX "
-                     "does not offer): transfers between GPUs run at TCP speed", workers)
+                     "does not offer): transfers between GPUs run at TCP speed", n_workers)
         else:
             why = {"distributed_ucxx": _cannot_import("distributed_ucxx"), "rmm": rmm_missing}
             missing = [f"{module} does not import ({w})" for module, w in why.items() if w]
             if missing:
                 log.warning(
                     "cluster: %d GPUs, but %s: they exchange data over TCP (about 1 GB/s, "
-                    "against 60-190 GB/s over UCX with an RMM pool). Install src_dask's "
-                    "'gpu' extra (it brings %s), or pass protocol='tcp' to choose TCP "
-                    "without this warning.", workers, " and ".join(missing), _UCX_PACKAGES)
+                    "where UCX with an RMM pool moves tens to hundreds of GB/s: "
+                    "docs/gpus.md). Install src_dask's 'gpu' extra (it brings %s), or pass "
+                    "protocol='tcp' to choose TCP without this warning.",
+                    n_workers, " and ".join(missing), _UCX_PACKAGES)
             else:
                 protocol = "ucx"
                 log.warning(
-                    "cluster: %d GPUs talk over UCX (60-190 GB/s between GPUs against about "
-                    "1 GB/s over TCP). UCX listens on every network interface whatever "
+                    "cluster: %d GPUs talk over UCX (tens to hundreds of GB/s between "
+                    "GPUs, against about 1 GB/s over TCP: docs/gpus.md). UCX listens on "
+                    "every network interface whatever "
                     "host=%r says, without TLS or authentication: whoever can reach this "
                     "machine can connect and run code as you. Pass protocol='ucx' to choose "
                     "it knowingly (no warning), or protocol='tcp' to keep the cluster on %s.",
-                    workers, host, host)
+                    n_workers, host, host)
     if rmm_missing:
         log.info("cluster: rmm does not import (%s); CuPy uses its own memory pool",
                  rmm_missing)
@@ -189,7 +191,7 @@ def _transport(workers: int, protocol: str | None, security: Any, device_memory_
         log.info("cluster: %d GPU%s over %s with an RMM pool on each (starting at %s, "
                  "growing to %s), which UCX moves between GPUs at NVLink speed. UCX listens "
                  "on every network interface, whatever host says: protocol='tcp' keeps the "
-                 "cluster on %s", workers, "s" if workers > 1 else "", protocol,
+                 "cluster on %s", n_workers, "s" if n_workers > 1 else "", protocol,
                  kwargs["rmm_pool_size"], kwargs.get("rmm_maximum_pool_size") or "the device",
                  host)
     else:
@@ -226,31 +228,31 @@ def worker_facts(client: Any, device: str) -> Workers:
     from ._plan import Workers
 
     if client is None:
-        facts = [_facts(device)]
+        per_worker = [_facts(device)]  # one dict of _facts a worker
         threads = max(1, os.cpu_count() or 1) if device == "cpu" else 1
     else:
-        facts = list(client.run(_facts, device, os.getpid()).values())
+        per_worker = list(client.run(_facts, device, os.getpid()).values())
         threads = max(client.nthreads().values(), default=1)
-    if not facts:
+    if not per_worker:
         raise RuntimeError("the cluster has no workers")
 
     def smallest(key: str) -> int | None:
-        values = [f[key] for f in facts]
+        values = [f[key] for f in per_worker]
         return None if None in values else min(values)
 
     shared: dict[Any, list[dict[str, Any]]] = {}
-    for f in facts:
+    for f in per_worker:
         if f.get("disk_id") is not None:
             shared.setdefault(f["disk_id"], []).append(f)
     # the file system the most workers spill to: its free bytes, shared by them
     busiest = max(shared.values(), key=lambda fs: (len(fs), -fs[0]["disk_free"]), default=[])
-    return Workers(count=len(facts), threads=max(1, threads),
-                   rss=max(f["rss"] for f in facts), host_limit=smallest("host_limit"),
+    return Workers(count=len(per_worker), threads=max(1, threads),
+                   rss=max(f["rss"] for f in per_worker), host_limit=smallest("host_limit"),
                    keep=smallest("keep"), device_limit=smallest("device_limit"),
                    device_memory=smallest("device_memory"),
                    device_pool=smallest("device_pool"), room=smallest("room"),
                    available=smallest("available"), memory=smallest("memory"),
-                   in_client=all(f["in_client"] for f in facts),
+                   in_client=all(f["in_client"] for f in per_worker),
                    disk_free=busiest[0]["disk_free"] if busiest else None,
                    disk_sharing=len(busiest),
                    spill_dir=busiest[0]["spill_dir"] if busiest else None)
@@ -430,7 +432,7 @@ def _security(security: Any) -> Any:
     return Security() if security is None else security
 
 
-def _workers(kwargs: dict[str, Any]) -> int:
+def _n_workers(kwargs: dict[str, Any]) -> int:
     """How many workers (GPUs) ``LocalCUDACluster(**kwargs)`` starts."""
     if kwargs.get("n_workers"):
         return int(kwargs["n_workers"])
@@ -506,7 +508,7 @@ def cluster_options(gpus: int | list[int] | None = None,
         kwargs["n_workers"] = gpus
     elif gpus is not None:
         kwargs["CUDA_VISIBLE_DEVICES"] = list(gpus)
-    network["protocol"] = _transport(_workers(kwargs), protocol, _security(security),
+    network["protocol"] = _transport(_n_workers(kwargs), protocol, _security(security),
                                      device_memory_limit, host or LOOPBACK, kwargs)
     return local_options(device_memory_limit=device_memory_limit, **network, **kwargs)
 

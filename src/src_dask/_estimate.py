@@ -44,7 +44,7 @@ class RunPlan:
 
     product: str  # e.g. "MPO·MPS (ket), 40 sites, bonds 8·16, complex128"
     device: str
-    workers: int
+    workers: int  # how many (a count: n_workers in the private modules)
     threads: int  # per worker
     chi_out: int
     sketch: int  # sketch columns (chi_out + oversample, capped by the product's rank)

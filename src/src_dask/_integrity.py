@@ -234,7 +234,8 @@ def _crc32c_gil_free() -> Any:
     """``crc32c.crc32c`` where the ``crc32c`` package is installed (the ``gpu`` extra):
     it releases the GIL while it checksums, so a worker's reading threads check their
     chunks side by side; None otherwise (google_crc32c, which Zarr brings, holds it:
-    one thread's checksum at a time, 3 s of every pass 1 over 12 GB of inputs)."""
+    one thread's checksum at a time, seconds of every pass 1 of the reference stacks,
+    docs/design.md §7, "Reads")."""
     try:
         from crc32c import crc32c
     except ImportError:

@@ -98,8 +98,8 @@ class Pass2(enum.Enum):
     all of pass 2 on the first, a site one task, the others' blocks of ``C_j`` fetched
     to it ahead of use (as ``HOME`` on GPUs). Spread, each site moved ``Z_j`` to the
     workers of ``C_j``'s blocks and paid two scheduler round trips on the critical
-    path for a sketch piece a few milliseconds long (benchmarks/README.md's
-    ``bench_cpu.py`` section compares the two).
+    path for a sketch piece a few milliseconds long (docs/design.md §3.3, "Pass 2 on
+    the first of several single-threaded CPU workers", has the measurements).
     ``SPLIT``: several workers share every site of pass 2 by rows of ``Z``
     (docs/design.md §8): each projects its rows, sketches them against the whole
     ``C_j`` (the blocks it did not make in pass 1 are copied to it ahead of use),
@@ -317,7 +317,9 @@ class Workers:
     """What the smallest (or busiest) worker of a run has now
     (:func:`src_dask._cluster.worker_facts`): every budget below follows from it.
     Private modules call such an object ``facts``; ``n_workers`` is a count of
-    workers, ``addresses`` their addresses, ``w`` the index of one of them."""
+    workers, ``addresses`` their addresses, ``w`` the index of one of them and
+    ``info`` the scheduler's ``scheduler_info()["workers"]`` (what it knows of each
+    worker, by address)."""
 
     count: int  # workers (1: Dask's local scheduler in this process)
     threads: int  # tasks one worker runs at once
@@ -638,15 +640,16 @@ def copy_inputs(device: str, addresses: tuple[str, ...]) -> bool:
 
 def _over_ucx(addresses: tuple[str, ...]) -> bool:
     """Whether Dask's comm between the workers at ``addresses`` is UCX."""
-    return bool(addresses) and all(is_ucx(str(w)) for w in addresses)
+    return bool(addresses) and all(is_ucx(str(address)) for address in addresses)
 
 
 def slow_gpu_link(stack: Stack, plan: Plan,
                   addresses: list[str] | tuple[str, ...] | None) -> str | None:
     """A WARNING's text where several GPU workers talk over a slow link (not UCX: TCP
-    or TLS, ~1 GB/s between GPUs against 100+ GB/s over UCX with an RMM pool): pass 2
-    moves about one environment a site between them (docs/design.md §8), so they may
-    run no faster than one GPU. None otherwise."""
+    or TLS, about a hundred times slower between GPUs than UCX with an RMM pool:
+    docs/design.md §6.2): pass 2 moves about one environment a site between
+    them (docs/design.md §8), so they may run no faster than one GPU. The text gives
+    the link's rough rate so the user can weigh the remedy. None otherwise."""
     addresses = tuple(addresses or ())
     if plan.device != "gpu" or len(addresses) < 2 or _over_ucx(addresses):
         return None
@@ -681,10 +684,11 @@ def own_streams(device: str, addresses: tuple[str, ...]) -> bool:
     return device == "gpu" and len(addresses) > 1
 
 
-#: What :func:`one_task_beats_graph` assumes of a CPU cluster: the FLOP/s one core makes
-#: of the sweep's contractions (single-threaded BLAS, as Dask's nanny starts workers), and
-#: how long each dependent task of a graph waits for the scheduler; both measured by
-#: ``bench_cpu.py`` (benchmarks/README.md).
+#: What :func:`one_task_beats_graph` assumes of a CPU cluster (the library's policy, not a
+#: reading of the machine at hand): the FLOP/s one core makes of the sweep's contractions
+#: (single-threaded BLAS, as Dask's nanny starts workers), and how long each dependent
+#: task of a graph waits for the scheduler. docs/design.md §3.3 ("A small run is one
+#: task") records the measurements they were set from.
 CORE_FLOPS = 4e10
 ROUND_TRIP_S = 7e-3
 
@@ -710,15 +714,15 @@ def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
     return saved < 2 * sites * ROUND_TRIP_S
 
 
-def one_task_worker(workers: dict[str, dict[str, Any]]) -> tuple[str, int]:
+def one_task_worker(info: dict[str, dict[str, Any]]) -> tuple[str, int]:
     """Where a run that is one task on a cluster runs, and with how many BLAS threads:
     the first worker (``Pass2.FIRST``'s), and the threads of all the workers on its
-    host (``workers``: ``scheduler_info()["workers"]``), which have nothing else of
+    host (``info``: ``scheduler_info()["workers"]``), which have nothing else of
     the run to do meanwhile."""
-    first = min(workers)
-    host = workers[first].get("host")
-    return first, sum(int(w.get("nthreads") or 1) for w in workers.values()
-                      if w.get("host") == host)
+    first = min(info)
+    host = info[first].get("host")
+    return first, sum(int(worker.get("nthreads") or 1) for worker in info.values()
+                      if worker.get("host") == host)
 
 
 def own_heap(device: str, on_cluster: bool) -> bool:

@@ -81,8 +81,8 @@ def describe(client: Any) -> str:
     dashboard."""
     if client.cluster is not None:
         return f"dashboard: {client.dashboard_link}"
-    workers = len(client.scheduler_info()["workers"])
-    return (f"connected to {client.scheduler.address} ({workers} workers); dashboard: "
+    n_workers = len(client.scheduler_info()["workers"])
+    return (f"connected to {client.scheduler.address} ({n_workers} workers); dashboard: "
             f"{client.dashboard_link}")
 
 

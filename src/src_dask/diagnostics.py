@@ -6,7 +6,8 @@ that is not lent yet cannot be asked. :func:`described_plan` gives the same
 :class:`~src_dask.RunPlan` for GPU workers described by hand (their count, device
 memory, the host's memory), with ``src_dask.cluster``'s defaults for what is not said
 (device limit, threads per worker). ``benchmarks/tools/plan_reference.py`` sizes the
-reference stacks with it on one, two and four H200s.
+reference stacks with it on described machines of one, two and four GPUs
+(benchmarks/README.md).
 
 :func:`log_to` shows the ``src_dask`` logger's messages (docs/monitoring.md) while a
 block runs and leaves the logger as it was (``src-dask run -v``).
@@ -46,12 +47,12 @@ def described_plan(*trains: Any, chi_out: int, gpus: int, device_memory: int,
     facts = _plan.Workers(count=gpus, threads=threads, rss=worker_rss, host_limit=host,
                           keep=int(0.6 * host), device_limit=int(fraction * device_memory),
                           device_memory=device_memory, memory=device_memory)
-    plan = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", workers=facts,
+    plan = _api.decide_plan(stack, chi_out, 0, 0.0, None, device="gpu", facts=facts,
                             slots=gpus)
-    workers = [f"ucx://gpu{i}" for i in range(gpus)]
+    addresses = [f"ucx://gpu{i}" for i in range(gpus)]
     return _estimate.estimate(
-        stack, _plan.SweepPlan.decide(stack, plan, workers), facts, store=False,
-        tasks=_graph.task_count(_graph.build(stack, plan, workers)),
+        stack, _plan.SweepPlan.decide(stack, plan, addresses), facts, store=False,
+        tasks=_graph.task_count(_graph.build(stack, plan, addresses)),
         store_bytes=_runstore.planned_bytes(stack, plan.sketch),
         product=_estimate.describe_product(stack),
         where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")

@@ -242,7 +242,8 @@ def stack(sites: int = 50, dm: int = 1000, *, phys: int = 4, bond: int = 4,
     factor ``i`` drawn with seed ``seed + i``. Returns ``{"N": …, "V": …,
     "M": …, "U": …}`` in product order: ``src_dask.src(*stack(...).values(),
     chi_out=...)`` compresses ``N·V·M·U``. Nothing is drawn until a core is
-    computed or saved, so the 51 GB stack (``dm=2000``) costs no memory here.
+    computed or saved, so even the stack of ``dm=2000`` (tens of GB: docs/design.md
+    §5) costs no memory here.
     """
     seed = _positive(seed, "seed", 0)
     _positive(dm, "dm"), _positive(bond, "bond")

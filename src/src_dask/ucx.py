@@ -7,7 +7,8 @@ distributed-ucxx's comm synchronizes the device (``cudaDeviceSynchronize``, on t
 worker's event loop) before it sends GPU data and after it receives them, though its
 own comment asks only for the default stream: a transfer then waits for every kernel
 the worker's other threads queued, and so does every message of that worker meanwhile
-(in-run transfers at 2-8 GB/s where the idle link gives 170 GB/s, docs/design.md §8).
+(transfers inside a run then ran tens of times slower than over the idle link:
+docs/design.md §7, "Multi-GPU over Dask", has the measurements).
 While a run of several GPU workers goes on (:func:`ucx_waits_for_default_stream`),
 src_dask replaces that wait on each worker by one for the default stream.
 
@@ -69,8 +70,8 @@ def ucx_waits_for_default_stream(client: Any, on: bool) -> Iterator[None]:
     distributed-ucxx waits with ``cudaDeviceSynchronize`` on the worker's event loop,
     though its comment asks only for the default stream: a transfer then waits for
     every kernel the worker's other threads queued, and so does every message of that
-    worker meanwhile (in-run transfers at 2-8 GB/s where the idle link gives 170 GB/s,
-    docs/design.md §8). src_dask's tasks on several GPU workers run their kernels on a
+    worker meanwhile (transfers inside a run tens of times slower than over the idle link,
+    docs/design.md §7). src_dask's tasks on several GPU workers run their kernels on a
     non-blocking stream of their own and wait for them before they end, so the data
     they hand to Dask are complete; the default stream covers Dask's own (RMM's
     allocations, dask-cuda's unspilling)."""

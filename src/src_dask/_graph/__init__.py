@@ -24,16 +24,15 @@ from .builder import GraphBuilder, Inputs
 __all__ = ["build", "compute_here", "discarded", "keys", "outputs", "task_count", "tasks"]
 
 
-def build(stack: Stack, plan: Plan, workers: list[str] | None = None,
+def build(stack: Stack, plan: Plan, addresses: list[str] | None = None,
           store: RunStore | None = None, progress: Progress | None = None) -> Delayed:
     """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
-    ``workers`` (the addresses of a distributed cluster's workers) places the column
-    blocks. With a run
-    ``store`` the environments and outputs go to disk, the result is a list of
-    the output shapes, and ``progress`` says what an earlier run already did.
+    ``addresses`` (of a distributed cluster's workers) places the column blocks.
+    With a run ``store`` the environments and outputs go to disk, the result is a
+    list of the output shapes, and ``progress`` says what an earlier run already did.
     """
-    g = GraphBuilder(SweepPlan.decide(stack, plan, workers), keys.new_token())
+    g = GraphBuilder(SweepPlan.decide(stack, plan, addresses), keys.new_token())
     todo = pass1.todo(g, progress)
     inputs = Inputs(g, stack, pass1_done=not todo)
     envs = pass1.add(g, inputs, todo, store)

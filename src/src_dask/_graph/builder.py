@@ -88,7 +88,7 @@ class GraphBuilder:
         no inputs, so idle threads would otherwise read every core at the start.
         ``group``: the worker whose task uses the read, which then reads it itself
         (left free, a read ran where ``after`` had, and the core crossed to the
-        other worker through host memory: a quarter of a second for 256 MB).
+        other worker through host memory: docs/design.md §7, "Multi-GPU over Dask").
         """
         if tasks.is_stored(x):
             key = keys.read()
@@ -131,10 +131,11 @@ class Inputs:
     pass 1 to pass 2; in-memory inputs, and lazy ones when the plan keeps them,
     are prepared once for both passes. On several GPUs each worker that uses a
     core (its ``group``) holds its own copy: read by itself where Dask's comm is
-    TCP (reading again beats moving GPU data at ~1 GB/s), read by one worker and
-    copied to the others where it is UCX (``SweepPlan.copy_inputs``). The data
-    of lazy inputs is checked for NaN/inf once: in pass 1, or in pass 2 for the
-    last site (pass 1 stops before it) and when an earlier run did all of pass 1.
+    TCP (reading again beats moving GPU data at TCP's rate, docs/design.md §6.2),
+    read by one worker and copied to the others where it is UCX
+    (``SweepPlan.copy_inputs``). The data of lazy inputs is checked for NaN/inf
+    once: in pass 1, or in pass 2 for the last site (pass 1 stops before it) and
+    when an earlier run did all of pass 1.
     """
 
     def __init__(self, g: GraphBuilder, stack: Stack, pass1_done: bool) -> None:

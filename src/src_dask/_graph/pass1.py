@@ -76,8 +76,9 @@ def _barriers(g: GraphBuilder, blocks_todo: list[int], n: int,
     worker's chains go through the sites together: each site's cores are used by all
     its blocks and dropped, and the environments copied to host memory leave the
     device before more are made. Left free, Dask ran the chains one after another
-    and kept every site's cores for the last one (at 21 blocks on a 12 GB GPU pool
-    they were spilled to host memory and read back for each block), and ran steps
+    and kept every site's cores for the last one (with many blocks on a small GPU pool
+    they were spilled to host memory and read back for each block: docs/design.md
+    §3.3, "Pass 1's chains together"), and ran steps
     before copies, whose environments dask-cuda then spilled on the event loop."""
     n_workers = max(1, g.n_workers)
     out: dict[tuple[int, int], Any] = {}

@@ -58,14 +58,15 @@ def with_heap(func: Callable[..., Any], *args: Any) -> Any:
     Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``
     (``distributed.nanny.pre-spawn-environ``), which also fixes glibc's mmap threshold
     at 128 KiB: every temporary of a contraction is then a fresh mmap whose pages
-    fault in on first touch (benchmarks/README.md, ``bench_cpu.py``, has the cost).
+    fault in on first touch (docs/design.md §3.3, "CPU tasks keep glibc's heap", has
+    the cost).
     The mmap threshold is raised while any task of the process runs, so freed
     temporaries are reused; the trim threshold stays the worker's, so the heap's free
     top goes back to the system as it grows. When no task runs, the worker's mmap
     threshold is put back and ``malloc_trim(0)`` returns the free pages inside the
     heap too. What the heap keeps is the worker's unmanaged memory, which Dask cannot
     spill: raising the trim threshold as well (glibc's dynamic default, 64 MiB) kept
-    up to that much a thread's arena (a 400 MB worker paused at its threshold for
+    up to that much a thread's arena (a small worker paused at its threshold for
     good) and was no faster. A process started without the setting (or without
     glibc) is left as it is."""
     if _env_bytes("MALLOC_TRIM_THRESHOLD_") is None or not _heap_enter():
@@ -129,9 +130,10 @@ def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
 
     ``pinned`` (GPU runs): read straight into page-locked memory. Zarr copies every
     chunk into the output on its one event-loop thread, so a fresh output, whose
-    pages are touched for the first time there, capped reads at ~0.8 GB/s for all
-    the worker's threads together; a pooled pinned buffer also spares the copy
-    into pinned memory before the transfer.
+    pages are touched for the first time there, capped the reads of all the
+    worker's threads together well below the disk's rate (docs/design.md §6.1 and
+    §7, "Reads"); a pooled pinned buffer also spares the copy into pinned memory
+    before the transfer.
 
     A :class:`_integrity.VerifiedArray` is read through its checks (missing or
     damaged chunks, NaN/inf, a train saved over: ``DamagedDataError``/``StoreError``).
