@@ -225,7 +225,7 @@ def _estimate_of(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Worke
     return _estimate.estimate(
         stack, sweep, facts, store=store,
         tasks=tasks, store_bytes=_runstore.planned_bytes(stack, plan.sketch),
-        product=_estimate.describe_product(stack),
+        product=stack.describe(),
         where="Dask's local scheduler" if client is None else f"at {client.scheduler.address}")
 
 

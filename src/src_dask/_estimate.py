@@ -468,12 +468,3 @@ def _path_madds(eq: str, shapes: tuple[tuple[int, ...], ...]) -> float:
             nb, nfa, nc = spec[4]
             total += nb * nfa * nc * spec[5][2]
     return total
-
-
-def describe_product(stack: Stack) -> str:
-    factors = stack.factors[::-1] if stack.bra else stack.factors
-    kinds = "·".join(f.train.kind.upper() for f in factors)
-    bonds = "·".join(str(max(f.padded_shape(j)[0] for j in range(stack.n))) for f in factors)
-    return (f"{kinds} ({'bra' if stack.bra else 'ket'}), {stack.n} sites, bonds {bonds}, "
-            f"{stack.dtype}")
-

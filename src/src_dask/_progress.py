@@ -99,11 +99,8 @@ def has_bokeh() -> bool:
 # -- the run log -----------------------------------------------------------------
 def describe(stack: Any, plan: Any, client: Any) -> str:
     """One line on a run for the INFO log: product, sizes, sketch, device, where."""
-    factors = stack.factors[::-1] if stack.bra else stack.factors
-    kinds = "·".join(f.train.kind.upper() for f in factors)
-    bonds = "·".join(str(max(f.padded_shape(j)[0] for j in range(stack.n))) for f in factors)
     inputs = sum(math.prod(c.shape) * np.dtype(c.dtype).itemsize
-                 for f in factors for c in f.train)
+                 for f in stack.factors for c in f.train)
     envs = sum(plan.sketch * math.prod(stack.left_bonds(j)) for j in range(1, stack.n))
     blocks = len(plan.blocks)
     if client is None:
@@ -114,8 +111,7 @@ def describe(stack: Any, plan: Any, client: Any) -> str:
         nthreads = client.nthreads()
         where = (f"{len(nthreads)} workers ({sum(nthreads.values())} threads) at "
                  f"{client.scheduler.address}")
-    return (f"{kinds} ({'bra' if stack.bra else 'ket'}), {stack.n} sites, bonds {bonds}, "
-            f"{stack.dtype}, inputs {format_bytes(inputs)}; chi_out {plan.chi_out}, sketch "
+    return (f"{stack.describe()}, inputs {format_bytes(inputs)}; chi_out {plan.chi_out}, sketch "
             f"{plan.sketch} in {blocks} block{'s' * (blocks > 1)} of {plan.chunk}, "
             f"environments {format_bytes(envs * stack.dtype.itemsize)}"
             + (f", tasks sized to {format_bytes(plan.task_bytes)} each"

@@ -191,6 +191,16 @@ class Stack:
     def depth(self) -> int:
         return len(self.factors)
 
+    def describe(self) -> str:
+        """The product as the plan and the run log name it, in the order it was given:
+        ``MPO·MPS (ket), 50 sites, bonds 4·1000, complex128`` (each factor's largest
+        bond)."""
+        factors = self.factors[::-1] if self.bra else self.factors
+        kinds = "·".join(f.train.kind.upper() for f in factors)
+        bonds = "·".join(str(max(f.padded_shape(j)[0] for j in range(self.n))) for f in factors)
+        return (f"{kinds} ({'bra' if self.bra else 'ket'}), {self.n} sites, bonds {bonds}, "
+                f"{self.dtype}")
+
     @cached_property
     def _padded(self) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
         """Every factor's rank-4 core shape, per site (asked for many times a site)."""

@@ -54,7 +54,7 @@ def described_plan(*trains: Any, chi_out: int, gpus: int, device_memory: int,
         stack, _plan.SweepPlan.decide(stack, plan, addresses), facts, store=False,
         tasks=_graph.task_count(_graph.build(stack, plan, addresses)),
         store_bytes=_runstore.planned_bytes(stack, plan.sketch),
-        product=_estimate.describe_product(stack),
+        product=stack.describe(),
         where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
 
 
