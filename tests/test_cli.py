@@ -11,6 +11,7 @@ import dask
 import numpy as np
 import pytest
 import zarr
+from dask.utils import format_bytes
 
 import src_dask
 from src_dask import _runstore, problems
@@ -74,7 +75,11 @@ def test_generate_stack_and_info(tmp_path, capsys):
     assert main(["generate", "stack", str(path), "--sites", "4", "--dm", "6"]) == 0
     assert sorted(os.listdir(path)) == ["M", "N", "U", "V", "zarr.json"]
     assert src_dask.open(path / "M").bond_dims == [6, 6, 6]
-    capsys.readouterr()
+    # the line on what was written: storage.describe(...).summary(), the factors' bytes
+    total = sum(src_dask.open(path / name).nbytes for name in "NVMU")
+    line = capsys.readouterr().out
+    assert line.startswith(f"wrote stack N·V·M·U to {path}: 4 sites, complex128, "
+                           f"{format_bytes(total)} in ")
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "stack N·V·M·U" in out and out.count("phys dims   4×4 at every site") == 4

@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from dask.utils import format_bytes
-
 import src_dask
 
 from . import connect
@@ -159,12 +157,9 @@ def generate(args: argparse.Namespace) -> int:
     spec = _usage(args, problems.spec, args.kind, **{k: v for k in problems.SPEC_OPTIONS
                                                      if (v := getattr(args, k)) is not None})
     t0 = time.perf_counter()
-    trains = problems.write(spec, _new(os.path.abspath(args.path), args.overwrite),
-                            overwrite=args.overwrite)
-    what = "stack " + "·".join(trains) if spec["kind"] == "stack" else spec["kind"]
-    _say(f"wrote {what} to {args.path}: {len(next(iter(trains.values())))} sites, "
-         f"{spec['dtype']}, {format_bytes(sum(t.nbytes for t in trains.values()))} in "
-         f"{time.perf_counter() - t0:.1f} s")
+    problems.write(spec, _new(os.path.abspath(args.path), args.overwrite), overwrite=args.overwrite)
+    seconds = time.perf_counter() - t0
+    _say(f"wrote {src_dask.storage.describe(args.path).summary()} in {seconds:.1f} s")
     return 0
 
 
@@ -197,18 +192,17 @@ def run(args: argparse.Namespace) -> int:
         except OverwriteNeededError as err:  # the API's option is --overwrite-store
             raise CLIError(f"{err.reason}; pass --overwrite-store to replace it") from err
         options["seed"] = result.seed  # drawn by src when not given (a store keeps its own)
+        side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"  # MPS on the left
         made_by = {"command": "src-dask run", "inputs": [os.path.abspath(p) for p in args.trains],
+                   "product": f"{'·'.join(t.kind.upper() for t in trains)}, {side}",
                    "store": args.store and os.path.abspath(args.store), **options}
         storage.save(result, out, overwrite=args.overwrite, attrs={"made_by": made_by})
         seconds = time.perf_counter() - t0
         error = src_dask.distance(result, *trains, client=client) if args.check else None
     if before is not None and before.resumed():
         _say(before.resumed())
-    side = "bra" if len(trains) > 1 and trains[0].kind == "mps" else "ket"  # an MPS on the left
-    _say(f"wrote {result.kind} ({'·'.join(t.kind.upper() for t in trains)}, {side}) to "
-         f"{args.out}: {len(result)} sites, max bond {max(result.bond_dims)}, {result.dtype}, "
-         f"{format_bytes(result.nbytes)} in {seconds:.2f} s (seed {options['seed']})"
-         + ("" if error is None else f"; relative error {error:.3e}"))
+    _say(f"wrote {storage.describe(args.out).summary()} in {seconds:.2f} s (seed "
+         f"{options['seed']})" + ("" if error is None else f"; relative error {error:.3e}"))
     return 0
 
 

@@ -27,6 +27,24 @@ class Info(dict):
             return "\n".join(lines)
         return "\n".join([f"{path}: src_dask run store", *_run_lines(self)])
 
+    def summary(self) -> str:
+        """One line on a train or a stack (what ``src-dask generate`` and ``run`` print
+        after "wrote"): kind (and the product that made it), path, sites, bonds, dtype,
+        bytes."""
+        from dask.utils import format_bytes
+
+        if self["what"] == "stack":
+            parts = list(self["factors"].values())
+            return (f"stack {'·'.join(self['factors'])} to {self['path']}: "
+                    f"{parts[0]['sites']} sites, {parts[0]['dtype']}, "
+                    f"{format_bytes(sum(p['bytes'] for p in parts))}")
+        if self["what"] != "train":
+            return f"run store {self['path']}"
+        product = (self.get("made_by") or {}).get("product")
+        return (f"{self['kind']}{f' ({product})' if product else ''} to {self['path']}: "
+                f"{self['sites']} sites, max bond {max(self['bond_dims'])}, {self['dtype']}, "
+                f"{format_bytes(self['bytes'])}")
+
 
 def stack(path: str, factors: dict[str, dict[str, Any]], attrs: dict[str, Any]) -> Info:
     """The description of a stack from its factors' (``storage.describe`` of each; the
