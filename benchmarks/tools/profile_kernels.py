@@ -229,52 +229,21 @@ def site_products(cores_shapes: list[tuple[int, ...]], sketch: int,
     return out
 
 
-def planes(xp: Any, x: Any, conj: bool) -> Any:
-    """``x``'s real and imaginary parts (negated for ``conj``) as one real array of
-    shape ``(2,) + x.shape`` (on a GPU in one pass)."""
-    out = xp.empty((2, *x.shape), dtype=x.real.dtype)
-    if xp is np:
-        out[0] = x.real
-        if conj:
-            np.negative(x.imag, out=out[1])
-        else:
-            out[1] = x.imag
-        return out
-    _kernel(xp, "split")(x, conj, out[0], out[1])
-    return out
-
-
-def combine(xp: Any, t1: Any, t2: Any, t3: Any, out: Any) -> Any:
-    """``out = (t1 - t2) + i (t3 - t1 - t2)``."""
-    if xp is np:
-        out.real, out.imag = t1 - t2, t3 - t1 - t2
-        return out
-    _kernel(xp, "combine")(t1, t2, t3, out)
-    return out
-
-
-_KERNELS: dict[str, Any] = {}
-
-
-def _kernel(cp: Any, which: str) -> Any:
-    if which not in _KERNELS:
-        _KERNELS["split"] = cp.ElementwiseKernel(
-            "complex128 x, bool conj", "float64 re, float64 im",
-            "re = x.real(); im = conj ? -x.imag() : x.imag()", "profile_three_real_planes")
-        _KERNELS["combine"] = cp.ElementwiseKernel(
-            "float64 t1, float64 t2, float64 t3", "complex128 out",
-            "out = complex<double>(t1 - t2, t3 - t1 - t2)", "profile_three_real_combine")
-    return _KERNELS[which]
-
-
 def three_real(xp: Any, a: Any, b: Any, conj: bool) -> Any:
-    """``conj(a) @ b`` (``conj``) or ``a @ b`` as three real products (Gauss's trick)."""
-    pa, pb = planes(xp, a, conj), planes(xp, b, False)
-    t12 = xp.matmul(pa, pb)  # a_r b_r and a_i b_i as one batched product
-    pa[0] += pa[1]
-    pb[0] += pb[1]
-    t3 = xp.matmul(pa[0], pb[0])
-    return combine(xp, t12[0], t12[1], t3, xp.empty(t3.shape, a.dtype))
+    """``conj(a) @ b`` (``conj``) or ``a @ b`` as three real products (Gauss's trick),
+    written as plain array operations: the textbook form of what src_dask's
+    ``complex-products: 3m`` computes (its own split and combine kernels are fused)."""
+    ar, ai, br, bi = _parts(xp, a, b, conj)
+    t1, t2 = xp.matmul(ar, br), xp.matmul(ai, bi)
+    t3 = xp.matmul(ar + ai, br + bi)
+    return (t1 - t2) + 1j * (t3 - t1 - t2)
+
+
+def _parts(xp: Any, a: Any, b: Any, conj: bool) -> tuple[Any, Any, Any, Any]:
+    """The real and imaginary parts of ``a`` (conjugated for ``conj``) and ``b``, each
+    contiguous."""
+    im = -a.imag if conj else a.imag
+    return tuple(xp.ascontiguousarray(x) for x in (a.real, im, b.real, b.imag))
 
 
 def product_times(xp: Any, step: str, sa: tuple[int, ...], sb: tuple[int, ...],
@@ -288,13 +257,13 @@ def product_times(xp: Any, step: str, sa: tuple[int, ...], sb: tuple[int, ...],
                            "native_s": timed(xp, lambda: xp.matmul(a.conj() if conj else a, b),
                                              3)}
     try:
-        pa, pb = planes(xp, a, conj), planes(xp, b, False)
-        t12, t3 = xp.matmul(pa, pb), xp.matmul(pa[0], pb[0])
-        out = xp.empty(t3.shape, complex)
+        ar, ai, br, bi = _parts(xp, a, b, conj)
+        t1, t2, t3 = xp.matmul(ar, br), xp.matmul(ai, bi), xp.matmul(ar + ai, br + bi)
         row.update(three_s=timed(xp, lambda: three_real(xp, a, b, conj), 3),
-                   planes_s=timed(xp, lambda: (planes(xp, a, conj), planes(xp, b, False)), 3),
-                   gemms_s=timed(xp, lambda: (xp.matmul(pa, pb), xp.matmul(pa[0], pb[0])), 3),
-                   combine_s=timed(xp, lambda: combine(xp, t12[0], t12[1], t3, out), 3))
+                   planes_s=timed(xp, lambda: _parts(xp, a, b, conj), 3),
+                   gemms_s=timed(xp, lambda: (xp.matmul(ar, br), xp.matmul(ai, bi),
+                                              xp.matmul(ar + ai, br + bi)), 3),
+                   combine_s=timed(xp, lambda: (t1 - t2) + 1j * (t3 - t1 - t2), 3))
     except MemoryError as err:  # CuPy's OutOfMemoryError is one (src_dask goes native)
         row["three_real_failed"] = f"{type(err).__name__}: {err}"[:200]
     return row
