@@ -374,3 +374,29 @@ def test_three_real_products_of_profile_kernels_are_the_products():
     eq, _ = pk.equations(2)
     steps = pk.gemms(eq, (8, 4, 6), (8, 2, 1), (4, 5, 2, 3), (6, 7, 3, 1))
     assert steps and all(len(s) == 4 and min(s) >= 1 for s in steps)
+
+
+@pytest.mark.timeout(120)
+def test_the_loop_watch_writes_down_what_a_stalled_loop_waits_in():
+    """The benchmarks' event-loop watch on a worker: a loop held for 0.3 s (a function run
+    on it) is one stall, and faulthandler's dump names what held it."""
+    import time
+
+    from distributed import Client, LocalCluster
+    from tools.transfers import WatchWorker
+
+    def hold_the_loop():
+        time.sleep(0.3)
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(WatchWorker())
+        client.run(lambda dask_worker: dask_worker.plugins[WatchWorker.name].reset())
+        time.sleep(0.2)  # ticks: each arms the watchdog anew
+        client.run(hold_the_loop)  # runs on the worker's event loop
+        (loop,) = client.run(
+            lambda dask_worker: dask_worker.plugins[WatchWorker.name].loop.read()).values()
+    assert any(b - a >= 0.25 for a, b in loop["stalls"])
+    stacks = loop["stall_stacks"]
+    assert stacks["dumps"] >= 1
+    assert any("hold_the_loop" in where for where, _ in stacks["loop"]), stacks

@@ -57,13 +57,21 @@ MAX_STALLS = 100_000
 # -- on the workers and the scheduler (plugins, read by client.run / run_on_scheduler) -----
 class _LoopWatch:
     """A tornado callback every ``interval`` s on the current event loop; records the
-    gaps between its ticks, and every gap over :data:`STALL_S` with its time."""
+    gaps between its ticks, and every gap over :data:`STALL_S` with its time.
 
-    def __init__(self, server: Any, interval: float = TICK_S) -> None:
+    With ``stacks`` (a worker: its own process), each tick also re-arms faulthandler's
+    watchdog, a C thread that needs no GIL: a loop late by 1.6 :data:`STALL_S` has
+    every thread's Python stack written down while it is stalled (what the loop
+    waits in, what the other threads run), summed up by :func:`_stall_stacks`."""
+
+    def __init__(self, server: Any, interval: float = TICK_S, stacks: bool = False) -> None:
+        import tempfile
+
         from tornado.ioloop import PeriodicCallback
 
         self.server = server
         self.interval = interval
+        self.stacks = tempfile.TemporaryFile("w+") if stacks else None
         self.pc = PeriodicCallback(self.tick, interval * 1000)
         self.reset()
 
@@ -76,6 +84,9 @@ class _LoopWatch:
         self.last = self.t0 = time()
         self.n, self.total, self.max = 0, 0.0, 0.0
         self.stalls: list[tuple[float, float]] = []
+        if self.stacks is not None:
+            self.stacks.seek(0)
+            self.stacks.truncate()
         if not self.pc.is_running():
             self.pc.start()
 
@@ -89,14 +100,44 @@ class _LoopWatch:
         self.max = max(self.max, gap)
         if gap > STALL_S and len(self.stalls) < MAX_STALLS:
             self.stalls.append((now - gap + self._delay(), now + self._delay()))
+        if self.stacks is not None:
+            import faulthandler
+
+            faulthandler.dump_traceback_later(1.6 * STALL_S, file=self.stacks)
 
     def stop(self) -> None:
         self.pc.stop()
+        if self.stacks is not None:
+            import faulthandler
+
+            faulthandler.cancel_dump_traceback_later()
 
     def read(self) -> dict[str, Any]:
         self.stop()
-        return {"interval_s": self.interval, "ticks": self.n, "total_s": self.total,
-                "max_s": self.max, "stalls": list(self.stalls), "t0": self.t0 + self._delay()}
+        out = {"interval_s": self.interval, "ticks": self.n, "total_s": self.total,
+               "max_s": self.max, "stalls": list(self.stalls), "t0": self.t0 + self._delay()}
+        if self.stacks is not None:
+            self.stacks.seek(0)
+            out["stall_stacks"] = _stall_stacks(self.stacks.read())
+        return out
+
+
+def _stall_stacks(text: str, top: int = 12) -> dict[str, Any]:
+    """faulthandler's dumps, summed up: how many, and the most frequent top frames of
+    the event loop's thread and of the others (``file:line function``, three deep)."""
+    import re
+    from collections import Counter
+
+    loop, others = Counter(), Counter()
+    dumps = [d for d in text.split("Timeout (") if d.strip()]
+    for dump in dumps:
+        for thread in re.split(r"\n(?=Thread 0x|Current thread 0x)", dump)[1:]:
+            frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', thread)
+            if frames:
+                where = " < ".join(f"{Path(f).name}:{n} {fn}" for f, n, fn in frames[:3])
+                on_loop = any(fn == "run_forever" for _, _, fn in frames)
+                (loop if on_loop else others)[where] += 1
+    return {"dumps": len(dumps), "loop": loop.most_common(top), "others": others.most_common(top)}
 
 
 def _since(log: Any, mark: Any) -> tuple[list[Any], bool]:
@@ -122,7 +163,7 @@ class WatchWorker(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        self.loop = _LoopWatch(worker)
+        self.loop = _LoopWatch(worker, stacks=True)
         self.marks: tuple[Any, Any, Any] = (None, None, None)
 
     def teardown(self, worker: Any) -> None:
@@ -407,7 +448,8 @@ def _loop(loop: dict[str, Any], t0: float,
             "max_s": _r(loop["max_s"]), "stalls": len(stalls),
             "stalled_s": _r(sum(b - a for a, b in stalls), 4),
             "longest": [{"at_s": _r(a - t0, 4), "s": _r(b - a, 4), "computing": sorted(
-                {lab for x, y, lab in running if x < b and y > a})} for a, b in stalls[:5]]}
+                {lab for x, y, lab in running if x < b and y > a})} for a, b in stalls[:5]],
+            **({"stall_stacks": loop["stall_stacks"]} if "stall_stacks" in loop else {})}
 
 
 # -- printing and files ------------------------------------------------------------------
@@ -422,6 +464,14 @@ def print_transfers(key: str, tr: dict[str, Any]) -> None:
         f"{name} {lp['ticks']} ticks, mean {cell(lp['mean_s'] and lp['mean_s'] * 1e3, '.1f')} "
         f"max {lp['max_s'] * 1e3:.0f} ms, {lp['stalls']} stalls > {STALL_S * 1e3:.0f} ms "
         f"({lp['stalled_s']:.2f} s)" for name, lp in tr["event_loop"].items())
+    for name, lp in tr["event_loop"].items():
+        stacks = lp.get("stall_stacks")
+        if stacks and stacks["dumps"]:
+            print(f"\n{key}: {name}'s loop stalled past {1.6 * STALL_S * 1e3:.0f} ms "
+                  f"{stacks['dumps']} times; its thread was in:")
+            print("\n".join(f"  {n:4d}  {where}" for where, n in stacks["loop"][:6]))
+            print("  the other threads were in:")
+            print("\n".join(f"  {n:4d}  {where}" for where, n in stacks["others"][:8]))
     head = (f"{key}: {tr['n']} transfers, {tr['bytes'] / 1e9:.3f} GB, "
             f"{tr['duration_s']:.3f} s summed")
     if not tr["n"]:
