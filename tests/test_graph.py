@@ -1105,3 +1105,36 @@ def test_a_run_that_stops_on_a_cluster_removes_its_files_from_the_workers(tmp_pa
     for names in left.values():
         assert f"{_transfer._PREFIX}other-1-0" in names
         assert not any(token in n for n in names)
+
+
+@pytest.mark.timeout(30)
+def test_a_gpu_wait_polls_an_event_instead_of_blocking_in_the_driver(monkeypatch):
+    """``_transfer.wait_for`` asks the stream's event until the GPU got there (a stand-in
+    CuPy here), never a blocking synchronisation."""
+    import sys
+    import types
+
+    from src_dask import _transfer
+
+    asks = []
+
+    class Event:
+        @property
+        def done(self):
+            asks.append(1)
+            return len(asks) % 3 == 0
+
+    class Stream:
+        def record(self):
+            return Event()
+
+        def synchronize(self):
+            raise AssertionError("a blocking wait")
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(get_current_stream=Stream)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    _transfer.wait_for()
+    assert len(asks) == 3
+    _transfer.wait_for(Stream())
+    assert len(asks) == 6

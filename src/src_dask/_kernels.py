@@ -68,7 +68,12 @@ def all_finite(x: Any) -> bool:
     if np.dtype(x.dtype).kind not in "fc":
         return True
     xp = xp_of(x)
-    return bool(xp.isfinite(x.sum())) or bool(xp.isfinite(x).all())
+    total = x.sum()
+    if xp is not np:
+        from ._transfer import wait_for
+
+        wait_for()  # then the reads below do not wait
+    return bool(xp.isfinite(total)) or bool(xp.isfinite(x).all())
 
 
 # -- complex products as three real ones ----------------------------------------
@@ -534,7 +539,12 @@ def _cholesky_qr2(rows: Any) -> Any | None:
         error = rows.conj() @ rows.T  # I + E: how far from orthonormal round one left them
         error -= xp.eye(error.shape[0], dtype=error.dtype)
         # ‖E‖_F bounds the spectral norm: the first-order step below errs by O(‖E‖²)
-        deviation = float(xp.linalg.norm(error))  # one synchronisation per site
+        deviation = xp.linalg.norm(error)
+        if xp is not np:  # one synchronisation per site, polled (_transfer.wait_for)
+            from ._transfer import wait_for
+
+            wait_for()
+        deviation = float(deviation)
         if deviation < 1e-8:
             # Cholesky of I + E is I + tril(E) - diag(E)/2 + O(E²), below rounding here
             # (most sketches land here: a GEMM instead of a second factorization)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import tempfile
 import threading
+import time
 from typing import Any, NamedTuple
 
 import dask
@@ -50,6 +51,24 @@ def task_stream() -> Any:
     if stream is None:
         stream = _local.kernels = cupy.cuda.Stream(non_blocking=True)
     return stream
+
+
+#: How often :func:`wait_for` asks whether the GPU has got there.
+_POLL_S = 2e-4
+
+
+def wait_for(stream: Any = None) -> None:
+    """Return once the work queued so far on ``stream`` (this thread's current one by
+    default) has run, asking a CUDA event every :data:`_POLL_S` s instead of a
+    blocking wait (``cudaStreamSynchronize``, a synchronous copy). This thread then
+    holds neither the GIL nor the CUDA driver in the wait, whatever the driver's
+    scheduling flags: other threads of the worker (its event loop, which frees device
+    memory as data are released) go on meanwhile (docs/design.md §7, "Stalls")."""
+    import cupy
+
+    event = (stream or cupy.cuda.get_current_stream()).record()
+    while not event.done:
+        time.sleep(_POLL_S)
 
 
 def to_device(x: Any) -> Any:
@@ -122,7 +141,11 @@ def _pinned_copy(x: Any) -> np.ndarray:
     stream = _copy_stream()
     stream.wait_event(cupy.cuda.get_current_stream().record())
     staging = empty_pinned(x.shape, x.dtype)
-    x.get(stream=stream, out=staging)  # blocks this thread until the copy is done
+    try:
+        x.get(stream=stream, out=staging, blocking=False)
+    except TypeError:  # CuPy before 13 has no ``blocking``: the copy blocks this thread
+        x.get(stream=stream, out=staging)
+    wait_for(stream)  # this thread waits for the copy; the queued kernels do not
     return staging
 
 

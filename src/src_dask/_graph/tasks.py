@@ -27,7 +27,7 @@ def on_own_stream(func: Callable[..., Any], *args: Any) -> Any:
     stream = _transfer.task_stream()
     with stream:
         out = func(*args)
-    stream.synchronize()
+    _transfer.wait_for(stream)
     return out
 
 
