@@ -53,22 +53,27 @@ def task_stream() -> Any:
     return stream
 
 
-#: How often :func:`wait_for` asks whether the GPU has got there.
-_POLL_S = 2e-4
+#: How often :func:`wait_for` asks whether the GPU has got there: at first every
+#: ``_POLL_S[0]`` s, then less and less often, down to every ``_POLL_S[1]`` s (a long
+#: wait costs its threads' neighbours few wake-ups, a short one little latency).
+_POLL_S = (2e-5, 1e-3)
 
 
 def wait_for(stream: Any = None) -> None:
     """Return once the work queued so far on ``stream`` (this thread's current one by
-    default) has run, asking a CUDA event every :data:`_POLL_S` s instead of a
-    blocking wait (``cudaStreamSynchronize``, a synchronous copy). This thread then
+    default) has run, asking a CUDA event (:data:`_POLL_S`) instead of a
+    blocking wait (``cudaStreamSynchronize``, a synchronous copy); the asks grow
+    sparser as the wait goes on. This thread then
     holds neither the GIL nor the CUDA driver in the wait, whatever the driver's
     scheduling flags: other threads of the worker (its event loop, which frees device
     memory as data are released) go on meanwhile (docs/design.md §7, "Stalls")."""
     import cupy
 
     event = (stream or cupy.cuda.get_current_stream()).record()
+    delay, longest = _POLL_S
     while not event.done:
-        time.sleep(_POLL_S)
+        time.sleep(delay)
+        delay = min(2 * delay, longest)
 
 
 def to_device(x: Any) -> Any:
