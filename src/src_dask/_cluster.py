@@ -332,7 +332,9 @@ def _dask_cuda_config(dask_worker: Any) -> dict[str, Any]:
     try:
         return get_worker_config(dask_worker)
     except Exception as err:  # noqa: BLE001 - a worker it cannot read: told nothing
-        log.debug("dask_cuda.utils.get_worker_config: %s", err)
+        log.warning("src: dask_cuda.utils.get_worker_config failed on %s (%s): the plan "
+                    "does not know its RMM pool or device limit",
+                    getattr(dask_worker, "address", "a worker"), err)
         return {}
 
 
@@ -383,7 +385,8 @@ def _memory(device: str, dask_worker: Any = None) -> int | None:
 
 
 def _preloads(kwargs: dict[str, Any]) -> list[str]:
-    """The workers' preloads: the caller's (or Dask config's), and this module."""
+    """The workers' preloads: the caller's (or Dask config's), and
+    :mod:`src_dask.interrupts` (its ``dask_setup`` ignores SIGINT)."""
     given = kwargs.pop("preload", None)
     if given is None:
         given = dask.config.get("distributed.worker.preload", None)

@@ -28,7 +28,7 @@ import opt_einsum as oe
 from . import config
 from ._layout import pad
 from ._layout import unpad as unpad
-from ._transfer import is_cupy, to_device
+from ._transfer import is_cupy, to_device, wait_for
 
 
 # -- array namespace ----------------------------------------------------------
@@ -70,8 +70,6 @@ def all_finite(x: Any) -> bool:
     xp = xp_of(x)
     total = x.sum()
     if xp is not np:
-        from ._transfer import wait_for
-
         wait_for()  # then the reads below do not wait
     return bool(xp.isfinite(total)) or bool(xp.isfinite(x).all())
 
@@ -541,8 +539,6 @@ def _cholesky_qr2(rows: Any) -> Any | None:
         # ‖E‖_F bounds the spectral norm: the first-order step below errs by O(‖E‖²)
         deviation = xp.linalg.norm(error)
         if xp is not np:  # one synchronisation per site, polled (_transfer.wait_for)
-            from ._transfer import wait_for
-
             wait_for()
         deviation = float(deviation)
         if deviation < 1e-8:
