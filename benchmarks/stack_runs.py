@@ -18,7 +18,7 @@ from memory import PeakMemory
 from methods import quimb_stack_fits, run_quimb_stack
 from problems import tiny_stack
 from timing import best_of, task_profile
-from tools.transfers import LOG_CONFIG, TransferWatch, write_detail
+from tools.transfers import LOG_CONFIG, TransferWatch, stall_summary, write_detail
 
 
 def _has_bokeh() -> bool:
@@ -76,11 +76,16 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
             return src_dask.src(*trains, chi_out=args.chi_out, seed=args.seed, chunk=args.chunk,
                                 client=client, store=store, performance_report=report)
 
-        # the transfers and event loops of the last call (cleared before each, untimed)
+        # the transfers and event loops of the last call (cleared before each, untimed),
+        # and the event loops' stalls of each call: a first call pins host memory that
+        # later calls on the same workers reuse (CuPy's pinned pool)
         watch = TransferWatch(client)
+        loops: list[dict[str, Any]] = []
 
         def setup() -> None:
             remove_store()
+            if watch.calls:
+                loops.append(stall_summary(watch.collect(stream.data)[0]))
             watch.reset()
 
         before = clusters.spill_counters(client)
@@ -89,6 +94,7 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
                                      setup=setup, warmup=args.full_warmup)
         spilled = clusters.spilled_between(before, clusters.spill_counters(client))
         transfers, detail = watch.collect(stream.data)
+        loops.append(stall_summary(transfers))
         write_detail(getattr(args, "transfer_detail", None), f"w{n_workers}_{mode}", detail,
                      stream.data)
         # where the time went (summed over the timed calls; one by default)
@@ -107,7 +113,7 @@ def run_config(trains, n_workers: int, mode: str, args, device: Device,
                      "z_blocks_max": max(planned.z_blocks), "tasks": planned.tasks},
             "memory": memory.result(), "spilled": spilled,
             "calls": len(timing["times_s"]) + ("warmup_s" in timing), "profile": profile,
-            "transfers": transfers,
+            "transfers": transfers, "stalls_by_call": loops,
             "cluster_startup_s": startup, "tiny_warmup_s": warm}, result
 
 

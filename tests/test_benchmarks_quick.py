@@ -101,7 +101,7 @@ def test_bench_stack_quick(tmp_path, capsys):
     ``--merge``, which reuses the inputs and keeps the first run's quimb timing."""
     out, work = tmp_path / "stack.json", str(tmp_path / "work")
     _, stdout = _main("bench_stack", "--workdir", work, "--out", str(out), "--workers", "1",
-                      "2", "--modes", "memory", capsys=capsys)
+                      "2", "--modes", "memory", "--repeats", "2", capsys=capsys)
     first = json.loads(out.read_text())
     assert first["flops"]["total"] > 0 and first["quimb"]["best_s"] > 0
     assert FLOP_LEGEND in stdout and not first["generation"]["reused"]
@@ -122,6 +122,10 @@ def test_bench_stack_quick(tmp_path, capsys):
     watched = record["runs"]["w2_memory"]["transfers"]
     assert "failed" not in watched and set(watched["event_loop"]) == {"w0", "w1", "scheduler"}
     assert {w["log_maxlen"] for w in watched["workers"].values()} == {MAXLEN}
+    # and each timed call's event-loop stalls, the last one's as in its transfers
+    by_call = record["runs"]["w2_memory"]["stalls_by_call"]
+    assert len(by_call) == len(record["runs"]["w2_memory"]["times_s"]) == 2
+    assert by_call[-1]["w1"]["stalls"] == watched["event_loop"]["w1"]["stalls"]
     assert not (tmp_path / "work" / "store_w1").exists()  # run stores are removed
 
     # workers started outside (as under Slurm), found through a scheduler file

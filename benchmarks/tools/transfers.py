@@ -250,8 +250,10 @@ class TransferWatch:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.failed: str | None = None
+        self.calls = 0  # resets so far: calls watched
 
     def reset(self) -> None:
+        self.calls += 1
         try:
             self.client.register_plugin(WatchWorker())  # once: then ignored (idempotent)
             self.client.register_plugin(WatchScheduler())
@@ -270,6 +272,13 @@ class TransferWatch:
             return summarise(workers, scheduler, stream)
         except Exception as err:  # the timing stands without its diagnosis
             return {"failed": f"{type(err).__name__}: {err}"}, []
+
+
+def stall_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """Of :meth:`TransferWatch.collect`'s summary, each event loop's stalls and the
+    seconds they lasted (``{"w0": {"stalls": 3, "stalled_s": 0.4}, "scheduler": ...}``)."""
+    return {name: {"stalls": loop.get("stalls"), "stalled_s": loop.get("stalled_s")}
+            for name, loop in summary.get("event_loop", {}).items()}
 
 
 def label(key: Any) -> str:
