@@ -117,7 +117,7 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
     """src_dask through ``client``: NumPy inputs from this process, then inputs persisted
     on the workers (on the device for a GPU), each timed as :func:`measure` times."""
     import dask.array as da
-    from distributed import wait
+    from distributed import get_task_stream, wait
 
     a, x = (src_dask.TensorTrain(t) for t in (A, psi))
     numpy_in = [src_dask.TensorTrain(t.to_numpy(), t.kind) for t in (a, x)]
@@ -146,13 +146,23 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
                     wait([c for c in y])
                 return y
 
-        entry, result = measure(call, args, device, flops, gemm)
+        with get_task_stream(client=client) as stream:
+            entry, result = measure(call, args, device, flops, gemm)
         entry["spill_note"] = "on the cluster's workers: spilling not counted here"
+        # of a call's time, how much its tasks computed (the rest: around them)
+        entry["task_compute_s_per_call"] = _computing(stream.data) / (
+            len(entry["times_s"]) + ("warmup_s" in entry))
         entries[name] = entry
         print(f"  chi={chi:<5} {name:<22} best {entry['best_s']:9.3f} s", flush=True)
     entries["src_dask_client_persisted"]["inputs_to_cluster_s"] = moved
     entries["src_dask_client_persisted"]["result"] = result
     return entries
+
+
+def _computing(stream: list[dict[str, Any]]) -> float:
+    """Seconds the tasks of a task stream spent computing, summed."""
+    return sum(s["stop"] - s["start"] for t in stream for s in t.get("startstops", ())
+               if s.get("action") == "compute")
 
 
 def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, Any]:
