@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_wheels.sh --py-spy       # and py-spy (what holds a worker's event
 #                                                # loop: py-spy dump/record --gil --pid)
 #   bash benchmarks/gpu_wheels.sh --src-method   # and src-method 0.5.0 (the peer project)
+#   bash benchmarks/gpu_wheels.sh --kvikio       # and KvikIO 26.10 (tools/bench_reads.py's
+#                                                # straight-to-device reads), ~5 MB
 #
 # then, on the GPU machine: bash .whl/install.sh && export PYTHONPATH=/tmp/site:$PWD/src
 # The machine is expected to have CuPy (cuda13x), numba, numpy, scipy, opt-einsum,
@@ -34,9 +36,11 @@ for option in "$@"; do
                     "libucx-cu13<1.22" rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
     --rmm) wheels+=(rmm-cu13==$RMM librmm-cu13==$RMM rapids-logger) ;;
     --py-spy) wheels+=(py-spy==0.4.1) ;;
+    --kvikio) wheels+=(kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 cuda-pathfinder
+                       nvidia-cufile==1.20.0.107 rapids-logger) ;;
     --quimb) wheels+=(quimb==1.16.0 cotengra autoray cytoolz) ;;
     --src-method) wheels+=(src-method==0.5.0 array-api-compat==1.16.0) ;;
-    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --rmm, --py-spy, --quimb, --src-method)" >&2
+    *) echo "gpu_wheels.sh: unknown option $option (--ucx, --rmm, --py-spy, --quimb, --src-method, --kvikio)" >&2
        exit 2 ;;
   esac
 done
