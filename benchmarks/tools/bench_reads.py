@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{arr.nbytes / 1e9:.2f} GB")
     record: dict[str, Any] = {"path": str(args.path), "array": arr.path,
                               "shape": list(arr.shape), "chunks": list(arr.chunks),
-                              "bytes": arr.nbytes, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                              "bytes": arr.nbytes,
+                              "date": datetime.now(UTC).isoformat(timespec="seconds"),
                               "compat_mode_env": os.environ.get("KVIKIO_COMPAT_MODE")}
     try:
         import kvikio
