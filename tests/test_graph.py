@@ -1138,3 +1138,37 @@ def test_a_gpu_wait_polls_an_event_instead_of_blocking_in_the_driver(monkeypatch
     assert len(asks) == 3
     _transfer.wait_for(Stream())
     assert len(asks) == 6
+
+
+@pytest.mark.timeout(30)
+def test_a_copied_staging_buffer_goes_back_to_the_pool_whichever_thread_allocates(
+        monkeypatch):
+    """A pinned staging buffer is held until its copy has run, and let go at the next
+    pinned allocation of any thread (a stand-in CuPy here): a list per thread kept each
+    thread's last buffer until that thread copied again, so the pool page-locked more."""
+    import sys
+    import threading
+    import types
+    import weakref
+
+    from src_dask import _transfer
+
+    class Event:
+        done = False
+
+    allocated = []
+    fake = types.ModuleType("cupyx")
+    fake.empty_pinned = lambda shape, dtype: allocated.append(shape) or np.empty(shape, dtype)
+    monkeypatch.setitem(sys.modules, "cupyx", fake)
+    monkeypatch.setattr(_transfer, "_pending", [])
+    copying, staging = Event(), np.empty(4)
+    gone = weakref.ref(staging)
+    worker = threading.Thread(target=_transfer._keep_until, args=(copying, staging))
+    worker.start()
+    worker.join()
+    del staging
+    _transfer.empty_pinned((2,), np.float64)  # its copy still runs: kept
+    assert gone() is not None
+    copying.done = True
+    _transfer.empty_pinned((2,), np.float64)  # another thread, the copy done: let go
+    assert gone() is None and allocated == [(2,), (2,)]

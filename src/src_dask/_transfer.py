@@ -102,9 +102,14 @@ def to_device(x: Any) -> Any:
 
 def empty_pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A NumPy array in page-locked memory from CuPy's pinned pool, to read into
-    and then hand to :func:`to_device` without another copy."""
+    and then hand to :func:`to_device` without another copy. The buffers whose copies
+    have run go back to the pool first (:func:`_keep_until`), so that this one reuses
+    them rather than page-locking new memory, which is slow: the stalls of a GPU
+    worker's event loop left after the polled waits coincided with such allocations
+    (docs/design.md §7, "Stalls")."""
     import cupyx
 
+    _release_copied()
     return cupyx.empty_pinned(shape, dtype)
 
 
@@ -116,14 +121,25 @@ def _is_pinned(x: np.ndarray) -> bool:
     return isinstance(x.base, cupy.cuda.PinnedMemoryPointer) and x.flags.c_contiguous
 
 
+#: Staging buffers and the events of their copies (:func:`_keep_until`), the worker's
+#: threads' together: any thread's next pinned allocation or copy lets go of those
+#: copied (a list per thread kept each thread's last one until that thread copied again).
+_pending: list[tuple[Any, np.ndarray]] = []
+_pending_lock = threading.Lock()
+
+
 def _keep_until(event: Any, staging: np.ndarray) -> None:
     """Hold ``staging`` until ``event`` (its copy) has happened: a pageable copy,
     or a host synchronisation, would stall the kernels' stream instead."""
-    pending = getattr(_local, "pending", None)
-    if pending is None:
-        pending = _local.pending = []
-    pending[:] = [(e, s) for e, s in pending if not e.done]
-    pending.append((event, staging))
+    with _pending_lock:
+        _pending[:] = [(e, s) for e, s in _pending if not e.done]
+        _pending.append((event, staging))
+
+
+def _release_copied() -> None:
+    """Let go of the staging buffers whose copies have run (back to CuPy's pool)."""
+    with _pending_lock:
+        _pending[:] = [(e, s) for e, s in _pending if not e.done]
 
 
 def to_host(x: Any) -> np.ndarray:
