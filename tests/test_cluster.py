@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -646,3 +647,20 @@ def test_lazy_random_inputs_run_on_a_client(cluster_client, one_task, monkeypatc
     again = src_dask.apply(a, persisted, chi_out=10, seed=5, client=cluster_client)
     with cluster_client.as_current():
         assert close_cores(again, src_dask.apply(a, y, chi_out=10, seed=5))
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_is_one_task_on_a_gpu_worker_keeps_one_block():
+    """A run as one task takes one block per thread of a CPU worker (run one after the
+    other, each GEMM on the host's cores) but one on a GPU worker, however many threads
+    it has: the GPU runs one block's GEMMs at a time, as an in-process GPU run's one
+    block (the plan of a 4-thread GPU worker once split χ=1000's sketch in four)."""
+    from src_dask import _api
+    from src_dask._stack import make_stack
+
+    stack = make_stack((random_mpo(12, 4, seed=1), random_mps(12, 300, seed=2)))
+    facts = _plan.Workers(count=1, threads=4, rss=0, host_limit=None, keep=None)
+    for device, blocks in (("gpu", 1), ("cpu", 4)):
+        plan = _plan.Plan(sketch=300, chunk=75, chi_out=300, cutoff=0.0, key=0, round=False,
+                          device=device, task_bytes=None, threads=4)
+        assert math.ceil(300 / _api._one_task_chunk(stack, plan, facts)) == blocks, device

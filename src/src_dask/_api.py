@@ -395,8 +395,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
         flops = _one_task_flops(stack, plan, client, facts)
         if flops is not None:
             if not chunk_given:
-                plan = dataclasses.replace(plan, chunk=min(plan.sketch, _plan.default_chunk(
-                    stack, plan.sketch, max(1, facts.threads), plan.task_bytes, plan.device)))
+                plan = dataclasses.replace(plan, chunk=_one_task_chunk(stack, plan, facts))
             return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
@@ -421,6 +420,17 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
         return None
     return TensorTrain(list(cores), stack.kind, name="result",
                        run_info=dataclasses.replace(info or RunInfo(), discarded=weights))
+
+
+def _one_task_chunk(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
+    """Sketch columns per block of a run that is one task: a block per thread of one
+    CPU worker (its blocks run one after the other, each GEMM on all the host's
+    cores), one block on a GPU, which runs one block's GEMMs at a time (the larger the
+    better; an in-process GPU run has one too), not one per thread of the GPU worker:
+    those would be smaller GEMMs on the same GPU."""
+    slots = 1 if plan.device == "gpu" else max(1, facts.threads)
+    return min(plan.sketch, _plan.default_chunk(stack, plan.sketch, slots, plan.task_bytes,
+                                                plan.device))
 
 
 @contextlib.contextmanager
