@@ -132,8 +132,8 @@ def _keep_until(event: Any, staging: np.ndarray) -> None:
     """Hold ``staging`` until ``event`` (its copy) has happened: a pageable copy,
     or a host synchronisation, would stall the kernels' stream instead."""
     with _pending_lock:
-        _pending[:] = [(e, s) for e, s in _pending if not e.done]
         _pending.append((event, staging))
+    _release_copied()
 
 
 def _release_copied() -> None:
