@@ -55,13 +55,19 @@ def _chunk_files(arr: Any) -> list[tuple[str, tuple[slice, ...]]]:
             for coords in itertools.product(*grid)]
 
 
-def _crc32c(data: Any) -> int:
-    import google_crc32c
+def _crc32c(data: np.ndarray) -> int:
+    """The CRC32C of a uint8 array, as src_dask computes it: the ``crc32c`` package
+    (it releases the GIL) where installed, else google_crc32c."""
+    try:
+        from crc32c import crc32c
+    except ImportError:
+        import google_crc32c
 
-    return google_crc32c.value(data)
+        return google_crc32c.value(data.tobytes())
+    return crc32c(data)
 
 
-def _check(payload: memoryview, tail: bytes, path: str) -> None:
+def _check(payload: np.ndarray, tail: bytes, path: str) -> None:
     if int.from_bytes(tail, "little") != _crc32c(payload):
         raise ValueError(f"{path}: CRC32C mismatch")
 
@@ -74,13 +80,14 @@ def host_pinned(arr: Any) -> Any:
     for path, sel in _chunk_files(arr):
         shape = tuple(s.stop - s.start for s in sel)
         chunk = cupyx.empty_pinned(shape, out.dtype) if len(sel) and shape != out.shape else out
-        view = memoryview(chunk.reshape(-1).view(np.uint8))
+        flat = chunk.reshape(-1).view(np.uint8)
+        view = memoryview(flat)
         with open(path, "rb", buffering=0) as f:
             got = 0
             while got < len(view) and (n := f.readinto(view[got:])):
                 got += n
             tail = f.read(4)
-        _check(view, tail, path)
+        _check(flat, tail, path)
         if chunk is not out:
             out[sel] = chunk
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -116,7 +123,7 @@ def _kvikio_chunks(arr: Any, host_crc: bool) -> Any:
             with open(path, "rb") as f:
                 f.seek(size)
                 tail = f.read(4)
-            _check(memoryview(target.reshape(-1).view(cupy.uint8).get()), tail, path)
+            _check(target.reshape(-1).view(cupy.uint8).get(), tail, path)
         if not whole:
             out[sel] = target
     cupy.cuda.Device().synchronize()
