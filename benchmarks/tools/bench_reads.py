@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                               "compat_mode_env": os.environ.get("KVIKIO_COMPAT_MODE")}
     try:
         import kvikio
+        import kvikio.defaults
 
         record["kvikio"] = {"version": kvikio.__version__}
         record["kvikio"]["compat_mode"] = str(kvikio.defaults.get("compat_mode"))
