@@ -410,7 +410,14 @@ def main(argv: list[str] | None = None) -> dict:
                   chi_out, block) for dm, chi_out, block in sizes]
     for name, shapes, sketch, block in problems:
         cores = [rand(xp, *s) for s in shapes]
-        record[name] = site(xp, cores, sketch, block, rate)
+        try:
+            record[name] = site(xp, cores, sketch, block, rate)
+        except MemoryError as err:  # CuPy's OutOfMemoryError too: the other sites still run
+            record[name] = {"error": f"{type(err).__name__}: {err}"}
+            print(f"{name}: {record[name]['error']}", flush=True)
+            del cores
+            free(xp)
+            continue
         print(f"{name}: {record[name]['kernels_s'] * 1e3:.1f} ms", flush=True)
         del cores
         free(xp)
