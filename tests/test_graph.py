@@ -1172,3 +1172,39 @@ def test_a_copied_staging_buffer_goes_back_to_the_pool_whichever_thread_allocate
     copying.done = True
     _transfer.empty_pinned((2,), np.float64)  # another thread, the copy done: let go
     assert gone() is None and allocated == [(2,), (2,)]
+
+
+@pytest.mark.timeout(30)
+def test_a_gpu_wait_polls_finely_at_first_then_ever_more_sparsely(monkeypatch):
+    """``wait_for`` asks every ``_POLL_S[0]`` s for the first ``_FINE_S`` s (a short wait
+    returns within a fine poll of the GPU), then doubles the pause up to ``_POLL_S[1]``
+    (a long wait wakes its thread rarely); a clock of its own here, and a stand-in CuPy."""
+    import sys
+    import types
+
+    from src_dask import _transfer
+
+    clock, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(_transfer, "time", types.SimpleNamespace(
+        sleep=sleep, perf_counter=lambda: clock[0]))
+
+    class Event:
+        @property
+        def done(self):
+            return clock[0] >= 0.05  # the GPU gets there after 50 ms
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(
+        record=Event))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    _transfer.wait_for()
+    first, longest = _transfer._POLL_S
+    fine = int(_transfer._FINE_S / first)
+    assert slept[:fine] == [first] * fine  # every 20 us for the first 2 ms
+    assert slept[fine + 1] == 2 * slept[fine] and max(slept) == longest
+    assert clock[0] < 0.05 + longest  # returns within one pause of the GPU

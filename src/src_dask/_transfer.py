@@ -53,17 +53,19 @@ def task_stream() -> Any:
     return stream
 
 
-#: How often :func:`wait_for` asks whether the GPU has got there: at first every
-#: ``_POLL_S[0]`` s, then less and less often, down to every ``_POLL_S[1]`` s (a long
-#: wait costs its threads' neighbours few wake-ups, a short one little latency).
+#: How often :func:`wait_for` asks whether the GPU has got there: every ``_POLL_S[0]`` s
+#: for the first ``_FINE_S`` s of a wait, then less and less often, down to every
+#: ``_POLL_S[1]`` s (a short wait costs little latency — a site of a small run waits a
+#: few times for a few ms — and a long one its threads' neighbours few wake-ups).
 _POLL_S = (2e-5, 1e-3)
+_FINE_S = 2e-3
 
 
 def wait_for(stream: Any = None) -> None:
     """Return once the work queued so far on ``stream`` (this thread's current one by
     default) has run, asking a CUDA event (:data:`_POLL_S`) instead of a
     blocking wait (``cudaStreamSynchronize``, a synchronous copy); the asks grow
-    sparser as the wait goes on. This thread then
+    sparser once the wait has lasted ``_FINE_S``. This thread then
     holds neither the GIL nor the CUDA driver in the wait, whatever the driver's
     scheduling flags: other threads of the worker (its event loop, which frees device
     memory as data are released) go on meanwhile (docs/design.md §7, "Stalls")."""
@@ -71,9 +73,11 @@ def wait_for(stream: Any = None) -> None:
 
     event = (stream or cupy.cuda.get_current_stream()).record()
     delay, longest = _POLL_S
+    fine_until = time.perf_counter() + _FINE_S
     while not event.done:
         time.sleep(delay)
-        delay = min(2 * delay, longest)
+        if time.perf_counter() > fine_until:
+            delay = min(2 * delay, longest)
 
 
 def to_device(x: Any) -> Any:
