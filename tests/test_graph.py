@@ -781,9 +781,21 @@ def test_split_pass_2_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     ref = src_dask.src(*trains, chi_out=12, seed=1, chunk=4)
     original, calls = tasks.pass2_step, []
 
+    def checkpointed() -> bool:  # site 6 (at least) written to the store's progress
+        import zarr
+
+        try:
+            return zarr.open_group(tmp_path / "run/progress", mode="r").attrs.get(
+                "pass2_next", 6) < 6
+        except (FileNotFoundError, KeyError, ValueError):
+            return False
+
     def failing(*args, site, **kwargs):
         calls.append(site)
         if site == 3 and fail:
+            deadline = time.monotonic() + 20  # the checkpoint's tasks run beside this one
+            while not checkpointed() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise RuntimeError("stop at site 3")
         return original(*args, site=site, **kwargs)
 
