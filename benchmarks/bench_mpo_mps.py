@@ -56,7 +56,7 @@ from harness import (
 from memory import PeakMemory
 from methods import MPO_MPS_METHODS, method_flops, mpo_mps_runner
 from problems import CLIENT_TARGETS, MPO_MPS_TARGETS, mpo_mps, mpo_mps_spec
-from timing import best_of, runs_text
+from timing import best_of, compute_seconds, runs_text
 
 import src_dask
 
@@ -150,19 +150,13 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
             entry, result = measure(call, args, device, flops, gemm)
         entry["spill_note"] = "on the cluster's workers: spilling not counted here"
         # of a call's time, how much its tasks computed (the rest: around them)
-        entry["task_compute_s_per_call"] = _computing(stream.data) / (
+        entry["task_compute_s_per_call"] = compute_seconds(stream.data) / (
             len(entry["times_s"]) + ("warmup_s" in entry))
         entries[name] = entry
         print(f"  chi={chi:<5} {name:<22} best {entry['best_s']:9.3f} s", flush=True)
     entries["src_dask_client_persisted"]["inputs_to_cluster_s"] = moved
     entries["src_dask_client_persisted"]["result"] = result
     return entries
-
-
-def _computing(stream: list[dict[str, Any]]) -> float:
-    """Seconds the tasks of a task stream spent computing, summed."""
-    return sum(s["stop"] - s["start"] for t in stream for s in t.get("startstops", ())
-               if s.get("action") == "compute")
 
 
 def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,12 @@ def runs_text(times: list[float]) -> str:
     return " ".join(f"{t:.3f}" for t in times)
 
 
+def compute_seconds(stream: list[dict[str, Any]]) -> float:
+    """Seconds the tasks of distributed's task stream spent computing, summed."""
+    return sum(ss["stop"] - ss["start"] for task in stream for ss in task.get("startstops", ())
+               if ss.get("action") == "compute")
+
+
 def task_profile(stream: list[dict[str, Any]],
                  busy: Callable[[float, float], float | None] | None = None) -> dict[str, Any]:
     """Where a cluster run's time went, from distributed's task stream: per step

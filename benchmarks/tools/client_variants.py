@@ -39,11 +39,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
 
 
 def problem(chi: int) -> tuple[src_dask.TensorTrain, src_dask.TensorTrain]:
-    import quimb.tensor as qtn
+    """bench_mpo_mps.py's problem (L=50, MPO bond 4, seed 42), as NumPy trains."""
+    from problems import mpo_mps
 
-    a = qtn.MPO_rand(50, bond_dim=4, phys_dim=2, dtype="complex128", seed=42)
-    x = qtn.MPS_rand_state(50, bond_dim=chi, dtype="complex128", seed=43)
-    return src_dask.TensorTrain(a), src_dask.TensorTrain(x)
+    return tuple(src_dask.TensorTrain(t) for t in mpo_mps(50, chi, 4, 42))
 
 
 def in_process(a: Any, x: Any, chi: int, calls: int) -> list[float]:
@@ -65,6 +64,7 @@ def on_cluster(a: Any, x: Any, chi: int, calls: int, options: dict, config: dict
     import cupy
     import dask.array as da
     from distributed import Client, get_task_stream, wait
+    from timing import compute_seconds
 
     with dask.config.set(config), \
             src_dask.cluster(gpus=1, dashboard_address=None, **options) as cluster, \
@@ -85,8 +85,7 @@ def on_cluster(a: Any, x: Any, chi: int, calls: int, options: dict, config: dict
                                    **call)
                 wait(list(y))
                 times.append(time.perf_counter() - t0)
-            computing.append(sum(s["stop"] - s["start"] for t in stream.data
-                                 for s in t["startstops"] if s["action"] == "compute"))
+            computing.append(compute_seconds(stream.data))
             del y
         affinity = client.run(lambda: len(os.sched_getaffinity(0)))
     return {"times_s": times, "best_s": min(times[1:] or times), "task_compute_s": computing,
