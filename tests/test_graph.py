@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
 
 import dask
@@ -1158,9 +1159,7 @@ def test_a_copied_staging_buffer_goes_back_to_the_pool_whichever_thread_allocate
     """A pinned staging buffer is held until its copy has run, and let go at the next
     pinned allocation of any thread (a stand-in CuPy here): a list per thread kept each
     thread's last buffer until that thread copied again, so the pool page-locked more."""
-    import sys
     import threading
-    import types
     import weakref
 
     from src_dask import _transfer
@@ -1169,9 +1168,8 @@ def test_a_copied_staging_buffer_goes_back_to_the_pool_whichever_thread_allocate
         done = False
 
     allocated = []
-    fake = types.ModuleType("cupyx")
-    fake.empty_pinned = lambda shape, dtype: allocated.append(shape) or np.empty(shape, dtype)
-    monkeypatch.setitem(sys.modules, "cupyx", fake)
+    monkeypatch.setattr(_transfer._pinned, "empty",
+                        lambda shape, dtype: allocated.append(shape) or np.empty(shape, dtype))
     monkeypatch.setattr(_transfer, "_pending", [])
     copying, staging = Event(), np.empty(4)
     gone = weakref.ref(staging)
@@ -1184,6 +1182,69 @@ def test_a_copied_staging_buffer_goes_back_to_the_pool_whichever_thread_allocate
     copying.done = True
     _transfer.empty_pinned((2,), np.float64)  # another thread, the copy done: let go
     assert gone() is None and allocated == [(2,), (2,)]
+
+
+def _rss() -> int:
+    """This process's resident bytes (Linux)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the pinned blocks' mmap")
+def test_a_pinned_block_is_faulted_in_before_it_is_page_locked_and_let_go_after():
+    """A pinned block's pages are faulted in by the allocating thread before
+    ``cudaHostRegister`` (a stand-in here) page-locks them: registering faults them in
+    with the CUDA driver's lock held, as ``cudaHostAlloc`` does, and every CUDA call of
+    the worker's event loop waits meanwhile. Collected, it is unregistered, then unmapped."""
+    from src_dask import _pinned
+
+    size, calls = 64 << 20, []
+
+    def register(ptr, nbytes, flags):
+        calls.append(("register", ptr, nbytes, _rss() - before))
+
+    before = _rss()
+    block = _pinned.Block(size, register, lambda ptr: calls.append(("unregister", ptr)))
+    ptr = block.ptr
+    (_, at, nbytes, resident), = calls
+    assert (at, nbytes) == (ptr, size) and resident >= 0.9 * size
+    del block
+    assert calls[-1] == ("unregister", ptr)
+
+
+@pytest.mark.timeout(30)
+def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
+    """The pool lends a free block of a request's rounded size again (one made, not
+    one per request), and makes a new block outside its lock: another thread's reuse
+    does not wait for it (a block of a few hundred MB takes tens of ms to fault in)."""
+    import threading
+    import types
+
+    from src_dask import _pinned
+
+    making, release = threading.Event(), threading.Event()
+
+    def make(size):
+        if size > 1 << 30:  # the slow one
+            making.set()
+            assert release.wait(10)
+        return types.SimpleNamespace(ptr=1, size=size)
+
+    pool = _pinned.Pool(make)
+    lease = pool.lend(3 << 20)
+    assert lease.size == 4 << 20 and pool.made == 1
+    del lease  # back to the pool
+    slow = threading.Thread(target=pool.lend, args=(2 << 30,))
+    slow.start()
+    assert making.wait(10)
+    again = pool.lend((3 << 20) + 5)  # the same rounded size: reused, while one is made
+    assert again.size == 4 << 20 and pool.made == 1
+    release.set()
+    slow.join()
+    assert pool.made == 2
 
 
 @pytest.mark.timeout(30)

@@ -22,6 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from . import _pinned
+
 log = logging.getLogger("src_dask")
 
 #: (run token, kind of step) -> the most rows a piece of that step has fitted in
@@ -46,6 +48,7 @@ def _free_cached(xp: Any, need: int) -> None:
     if xp.__name__ == "cupy":
         xp.get_default_memory_pool().free_all_blocks()
         xp.get_default_pinned_memory_pool().free_all_blocks()
+        _pinned.free_blocks()
         _spill_device_data(need)
 
 

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 import dask
 import numpy as np
 
+from . import _pinned
+
 #: Below this size a plain device-to-host copy is cheaper than a stream and a staging buffer.
 _SMALL = 1 << 20
 
@@ -105,16 +107,12 @@ def to_device(x: Any) -> Any:
 
 
 def empty_pinned(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A NumPy array in page-locked memory from CuPy's pinned pool, to read into
-    and then hand to :func:`to_device` without another copy. The buffers whose copies
-    have run go back to the pool first (:func:`_keep_until`), so that this one reuses
-    them rather than page-locking new memory, which is slow: the stalls of a GPU
-    worker's event loop left after the polled waits coincided with such allocations
-    (docs/design.md §7, "Stalls")."""
-    import cupyx
-
+    """A NumPy array in page-locked memory from this process's pool of pinned blocks
+    (:mod:`._pinned`), to read into and then hand to :func:`to_device` without another
+    copy. The buffers whose copies have run go back to the pool first
+    (:func:`_keep_until`), so that this one reuses them rather than pinning more."""
     _release_copied()
-    return cupyx.empty_pinned(shape, dtype)
+    return _pinned.empty(shape, dtype)
 
 
 def _is_pinned(x: np.ndarray) -> bool:
