@@ -20,7 +20,9 @@ chi (benchmarks/results/mpo_mps_<device>.json), with a PNG of time against chi.
 With ``--client`` each chi also runs src_dask through ``src_dask.cluster()`` and a
 ``Client`` (one worker per GPU; on the CPU ``--workers`` single-threaded ones), after the
 threaded run and against it: ``src_dask_client_numpy`` takes NumPy inputs from this
-process (they travel with each call), ``src_dask_client_persisted`` inputs already on
+process (they go to the worker with each call, straight where the client reaches it:
+``inputs_sent_s`` of the last call, from the result's ``run_info``; ``_kept``: the result
+left on the cluster), ``src_dask_client_persisted`` inputs already on
 the workers (Dask arrays persisted there, on the device for a GPU; the persisting is
 timed apart as ``inputs_to_cluster_s``), ``src_dask_client_persisted_kept`` the same
 with the result left there too (``persist=True``: a loop's next call takes it). Their
@@ -136,6 +138,7 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
     wait([c for t in persisted for c in t])
     moved = time.perf_counter() - t0
     for name, (a_in, x_in), keep in (("src_dask_client_numpy", numpy_in, False),
+                                     ("src_dask_client_numpy_kept", numpy_in, True),
                                      ("src_dask_client_persisted_kept", persisted, True),
                                      ("src_dask_client_persisted", persisted, False)):
         def call(a_in=a_in, x_in=x_in, keep=keep):
@@ -152,8 +155,13 @@ def client_runs(A, psi, chi: int, args, device: Device, gemm: dict[str, Any], cl
         # of a call's time, how much its tasks computed (the rest: around them)
         entry["task_compute_s_per_call"] = compute_seconds(stream.data) / (
             len(entry["times_s"]) + ("warmup_s" in entry))
+        if result.run_info.sent_s is not None:  # the inputs' transfer, apart (issue 29)
+            entry["inputs_sent_bytes"] = result.run_info.sent_bytes
+            entry["inputs_sent_s"] = result.run_info.sent_s
         entries[name] = entry
-        print(f"  chi={chi:<5} {name:<22} best {entry['best_s']:9.3f} s", flush=True)
+        print(f"  chi={chi:<5} {name:<22} best {entry['best_s']:9.3f} s"
+              + (f" (inputs sent in {entry['inputs_sent_s']:.3f} s)"
+                 if "inputs_sent_s" in entry else ""), flush=True)
     entries["src_dask_client_persisted"]["inputs_to_cluster_s"] = moved
     entries["src_dask_client_persisted"]["result"] = result
     return entries
@@ -195,6 +203,9 @@ def run_chi(chi: int, args, device: Device, gemm: dict[str, Any]) -> dict[str, A
         del result
         for entry in more.values():
             entry["ratio_to_threads"] = entry["best_s"] / runs["src_dask"]["best_s"]
+            if "inputs_sent_s" in entry:  # the call less its inputs' transfer
+                entry["ratio_to_threads_less_sent"] = (
+                    (entry["best_s"] - entry["inputs_sent_s"]) / runs["src_dask"]["best_s"])
         runs.update(more)
     for entry in runs.values():
         entry["ratio_to_quimb_src"] = entry["best_s"] / runs["quimb_src"]["best_s"]

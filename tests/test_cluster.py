@@ -608,6 +608,32 @@ def test_a_run_past_the_bound_is_one_task_where_its_graph_would_be_slower(cluste
     assert close_cores(y, ref)
 
 
+@pytest.mark.timeout(120)
+def test_a_one_task_runs_large_numpy_inputs_go_to_its_worker_once_ahead_of_it(
+        cluster_client, monkeypatch):
+    """Large in-memory inputs of a run that is one task go to its worker once and
+    straight (Dask's scatter), not inside the task through the scheduler: what the
+    client submits holds none of their bytes, the result says how many bytes went
+    ahead, and it is the threaded run's. Small inputs ride in the task (one round trip
+    fewer)."""
+    from distributed.protocol.pickle import dumps
+
+    from src_dask import _api
+
+    a, x = random_mpo(8, 3, seed=1), random_mps(8, 40, seed=2)
+    inputs = sum(c.nbytes for t in (a, x) for c in t)
+    ref = src_dask.apply(a, x, chi_out=20, seed=3)
+    submitted, submit = [], cluster_client.submit
+    monkeypatch.setattr(cluster_client, "submit", lambda func, *args, **kwargs: (
+        submitted.append(len(dumps(args))), submit(func, *args, **kwargs))[1])
+    for ahead, sent in ((1, inputs), (inputs + 1, 0)):
+        monkeypatch.setattr(_api, "_SEND_AHEAD_BYTES", ahead)
+        y = src_dask.apply(a, x, chi_out=20, seed=3, client=cluster_client)
+        assert y.run_info.sent_bytes == sent and (y.run_info.sent_s is None) == (not sent)
+        assert (submitted[-1] < inputs / 4) == bool(sent)
+        assert close_cores(y, ref)
+
+
 @pytest.mark.parametrize("one_task", [True, False])
 def test_persisted_results_stay_on_the_cluster_through_a_loop(cluster_client, one_task,
                                                               monkeypatch):

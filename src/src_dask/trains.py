@@ -18,7 +18,7 @@ them, so a train opened from disk stays lazy.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -47,6 +47,11 @@ class RunInfo:
     seed: int | None = None
     discarded: tuple[float | None, ...] | None = None
     quimb_ids: dict[str, str] | None = None
+    #: Bytes of in-memory inputs the call sent to a worker ahead of the run, and the
+    #: seconds that took (0 and None where none went ahead: a run in this process, or
+    #: inputs that travelled inside the graph); facts of the call, not of the train.
+    sent_bytes: int = field(default=0, compare=False)
+    sent_s: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.discarded is not None:  # a list from the graph or the store: kept as is

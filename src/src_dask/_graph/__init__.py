@@ -25,14 +25,17 @@ __all__ = ["build", "compute_here", "discarded", "keys", "outputs", "task_count"
 
 
 def build(stack: Stack, plan: Plan, addresses: list[str] | None = None,
-          store: RunStore | None = None, progress: Progress | None = None) -> Delayed:
+          store: RunStore | None = None, progress: Progress | None = None,
+          sent: dict[int, Any] | None = None) -> Delayed:
     """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
     ``addresses`` (of a distributed cluster's workers) places the column blocks.
     With a run ``store`` the environments and outputs go to disk, the result is a
     list of the output shapes, and ``progress`` says what an earlier run already did.
+    ``sent``: futures of in-memory input cores already sent to the workers, by the
+    arrays' ids (``_api._send_inputs``), used in their place.
     """
-    g = GraphBuilder(SweepPlan.decide(stack, plan, addresses), keys.new_token())
+    g = GraphBuilder(SweepPlan.decide(stack, plan, addresses), keys.new_token(), sent)
     todo = pass1.todo(g, progress)
     inputs = Inputs(g, stack, pass1_done=not todo)
     envs = pass1.add(g, inputs, todo, store)

@@ -22,9 +22,11 @@ from . import keys, tasks
 class GraphBuilder:
     """Keys, tasks, worker placement and the input collections of one run's graph."""
 
-    def __init__(self, sweep: SweepPlan, token: str) -> None:
+    def __init__(self, sweep: SweepPlan, token: str, sent: dict[int, Any] | None = None
+                 ) -> None:
         self.sweep = sweep
         self.token = token
+        self.sent = sent or {}  # id(array): the future of its copy on the cluster
         self.addresses = list(sweep.addresses)
         self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
@@ -80,7 +82,8 @@ class GraphBuilder:
         """Array ``x`` whole, for a task's arguments: an in-memory array as it is (it
         travels inside the task that uses it: no task of its own for the scheduler to
         run) or, where several workers prepare their own copy, as one data key they
-        all use (the graph carries it once); a lazy one as a key whose task reads it.
+        all use (the graph carries it once), or the key of its copy sent ahead
+        (``sent``); a lazy one as a key whose task reads it.
 
         A stored array gets a new read task at every call: each pass reads its
         cores anew instead of keeping them in memory from pass 1 to pass 2.
@@ -98,6 +101,10 @@ class GraphBuilder:
             return key if group is None else self.pin(key, group)
         x = tasks.lazy(x)
         if K.is_in_memory(x):
+            if id(x) in self.sent:  # sent to the worker ahead of the run: its key
+                future = self.sent[id(x)]
+                self.tasks[future.key] = future
+                return future.key
             if self.sweep.groups == 1:
                 return x
             if id(x) not in self._shared:  # the array is held, so its id stays its own
