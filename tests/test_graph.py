@@ -1121,15 +1121,20 @@ def test_a_run_that_stops_on_a_cluster_removes_its_files_from_the_workers(tmp_pa
 
 
 @pytest.mark.timeout(30)
-def test_a_gpu_wait_polls_an_event_instead_of_blocking_in_the_driver(monkeypatch):
+def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
+        monkeypatch):
     """``_transfer.wait_for`` asks the stream's event until the GPU got there (a stand-in
-    CuPy here), never a blocking synchronisation."""
-    import sys
+    CuPy here), never a blocking synchronisation, where a Dask worker lives in the
+    process (its event loop would wait for the driver); in a process without one it
+    synchronises the stream (the soonest return)."""
     import types
+    import weakref
+
+    import distributed
 
     from src_dask import _transfer
 
-    asks = []
+    asks, synced = [], []
 
     class Event:
         @property
@@ -1142,15 +1147,23 @@ def test_a_gpu_wait_polls_an_event_instead_of_blocking_in_the_driver(monkeypatch
             return Event()
 
         def synchronize(self):
-            raise AssertionError("a blocking wait")
+            synced.append(1)
+
+    class Worker:  # a stand-in for the process's worker
+        pass
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(get_current_stream=Stream)
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    worker = Worker()
+    monkeypatch.setattr(distributed.Worker, "_instances", weakref.WeakSet([worker]))
     _transfer.wait_for()
-    assert len(asks) == 3
+    assert len(asks) == 3 and not synced
     _transfer.wait_for(Stream())
-    assert len(asks) == 6
+    assert len(asks) == 6 and not synced
+    monkeypatch.setattr(distributed.Worker, "_instances", weakref.WeakSet())
+    _transfer.wait_for()
+    assert len(asks) == 6 and synced == [1]
 
 
 @pytest.mark.timeout(30)
@@ -1275,6 +1288,7 @@ def test_a_gpu_wait_polls_finely_at_first_then_ever_more_sparsely(monkeypatch):
     fake.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(
         record=Event))
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_transfer, "_beside_an_event_loop", lambda: True)
     _transfer.wait_for()
     first, longest = _transfer._POLL_S
     fine = int(_transfer._FINE_S / first)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -65,21 +66,34 @@ _FINE_S = 2e-3
 
 def wait_for(stream: Any = None) -> None:
     """Return once the work queued so far on ``stream`` (this thread's current one by
-    default) has run, asking a CUDA event (:data:`_POLL_S`) instead of a
-    blocking wait (``cudaStreamSynchronize``, a synchronous copy); the asks grow
-    sparser once the wait has lasted ``_FINE_S``. This thread then
-    holds neither the GIL nor the CUDA driver in the wait, whatever the driver's
-    scheduling flags: other threads of the worker (its event loop, which frees device
-    memory as data are released) go on meanwhile (docs/design.md §7, "Stalls")."""
+    default) has run. Beside a Dask worker's event loop, by asking a CUDA event
+    (:data:`_POLL_S`) instead of a blocking wait (``cudaStreamSynchronize``, a
+    synchronous copy); the asks grow sparser once the wait has lasted ``_FINE_S``.
+    This thread then holds neither the GIL nor the CUDA driver in the wait, whatever
+    the driver's scheduling flags: the loop, which frees device memory as data are
+    released, goes on meanwhile (docs/design.md §7, "Stalls"). With no worker in the
+    process (an in-process run) nothing waits for the driver but the run's own
+    threads, and a blocking wait returns soonest."""
     import cupy
 
-    event = (stream or cupy.cuda.get_current_stream()).record()
+    stream = stream or cupy.cuda.get_current_stream()
+    if not _beside_an_event_loop():
+        stream.synchronize()
+        return
+    event = stream.record()
     delay, longest = _POLL_S
     fine_until = time.perf_counter() + _FINE_S
     while not event.done:
         time.sleep(delay)
         if time.perf_counter() > fine_until:
             delay = min(2 * delay, longest)
+
+
+def _beside_an_event_loop() -> bool:
+    """Whether a Dask worker lives in this process (its event loop, which blocking
+    waits in the driver would hold up: :func:`wait_for`)."""
+    distributed = sys.modules.get("distributed")
+    return distributed is not None and bool(getattr(distributed.Worker, "_instances", True))
 
 
 def to_device(x: Any) -> Any:
