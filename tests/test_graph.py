@@ -1125,8 +1125,9 @@ def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
         monkeypatch):
     """``_transfer.wait_for`` asks the stream's event until the GPU got there (a stand-in
     CuPy here), never a blocking synchronisation, where a Dask worker lives in the
-    process (its event loop would wait for the driver); in a process without one it
-    synchronises the stream (the soonest return)."""
+    process (its event loop would wait for the driver); in a process without one, or
+    while a run is one task of the worker (whose loop then frees none of its device
+    memory), it synchronises the stream (the soonest return)."""
     import types
     import weakref
 
@@ -1161,6 +1162,10 @@ def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
     assert len(asks) == 3 and not synced
     _transfer.wait_for(Stream())
     assert len(asks) == 6 and not synced
+    with _transfer.alone_on_the_worker():  # a run that is one task: the loop frees none
+        _transfer.wait_for()
+    assert len(asks) == 6 and synced == [1]
+    synced.clear()
     monkeypatch.setattr(distributed.Worker, "_instances", weakref.WeakSet())
     _transfer.wait_for()
     assert len(asks) == 6 and synced == [1]

@@ -89,11 +89,33 @@ def wait_for(stream: Any = None) -> None:
             delay = min(2 * delay, longest)
 
 
+#: Runs that are one task of this process's worker (:func:`alone_on_the_worker`).
+_alone = 0
+_alone_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def alone_on_the_worker() -> Any:
+    """While a whole run is one task here (``_graph.compute_here``): its data never
+    leave the task, so the worker's event loop frees none of its device memory, and
+    its waits block (:func:`wait_for`), as an in-process run's do."""
+    global _alone
+    with _alone_lock:
+        _alone += 1
+    try:
+        yield
+    finally:
+        with _alone_lock:
+            _alone -= 1
+
+
 def _beside_an_event_loop() -> bool:
     """Whether a Dask worker lives in this process (its event loop, which blocking
-    waits in the driver would hold up: :func:`wait_for`)."""
+    waits in the driver would hold up: :func:`wait_for`) and is not given over to a
+    run that is one task (:func:`alone_on_the_worker`)."""
     distributed = sys.modules.get("distributed")
-    return distributed is not None and bool(getattr(distributed.Worker, "_instances", True))
+    return (not _alone and distributed is not None
+            and bool(getattr(distributed.Worker, "_instances", True)))
 
 
 def to_device(x: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 from dask.delayed import Delayed
 
 from .. import _kernels as K
+from .. import _transfer
 from .._plan import Plan, SweepPlan
 from .._runstore import Progress, RunStore
 from .._stack import Stack
@@ -115,11 +116,13 @@ def compute_here(graph: Sealed, values: dict, keys_wanted: list[Any],
     futures, in their keys' place), computed in this process: a whole run as one task
     on a worker (``_api._run``). By Dask's synchronous scheduler, or with ``threads``
     > 1 its threaded one (a GPU worker's threads queue kernels side by side, as an
-    in-process run's do)."""
+    in-process run's do), its GPU waits blocking as an in-process run's
+    (``_transfer.alone_on_the_worker``)."""
     from dask.local import get_sync
     from dask.threaded import get
 
     dsk = {**graph.dsk, **values}
-    if threads > 1:
-        return list(get(dsk, keys_wanted, num_workers=threads))
-    return list(get_sync(dsk, keys_wanted))
+    with _transfer.alone_on_the_worker():
+        if threads > 1:
+            return list(get(dsk, keys_wanted, num_workers=threads))
+        return list(get_sync(dsk, keys_wanted))
