@@ -157,11 +157,17 @@ def test_unsupported_input_dtype():
         src_dask.src(cores, chi_out=4)
 
 
+@pytest.mark.parametrize("threaded", [False, True])  # large inputs: a thread per host core
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nan_or_inf_in_memory_names_the_site(bad):
+def test_nan_or_inf_in_memory_names_the_site(bad, threaded, monkeypatch):
+    from src_dask import _stack
+
+    if threaded:
+        monkeypatch.setattr(_stack, "_THREADED_CHECK_BYTES", 1)
     a, x = _problem()
     cores = [c.copy() for c in x]
     cores[3][0, 1, 0] = bad
+    cores[4][0, 0] = bad  # the first one in order is named
     with pytest.raises(ValueError, match=r"trains\[1\], site 3: the core contains NaN or inf"):
         src_dask.apply(a, cores, 4)
 

@@ -15,6 +15,8 @@ multiplies a small product out (the reference SRC approximates).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -251,12 +253,30 @@ def make_stack(trains: tuple[Any, ...], dtype: Any = None) -> Stack:
     return Stack(factors, product.kind, product.dtype, product.bra)
 
 
+#: In-memory cores of more bytes than this are checked for NaN/inf by several threads.
+_THREADED_CHECK_BYTES = 64 << 20
+
+
 def _check_finite_now(trains: list[TensorTrain]) -> None:
-    """NaN/inf check for in-memory cores; lazy (Dask, Zarr) ones are checked in the graph."""
-    for i, t in enumerate(trains):
-        for j, c in enumerate(t):
-            if is_in_memory(c) and not all_finite(c):
-                raise ValueError(f"trains[{i}], site {j}: the core contains NaN or inf")
+    """NaN/inf check for in-memory cores; lazy (Dask, Zarr) ones are checked in the graph.
+    Large NumPy inputs are read by a thread per core of the host (NumPy's sums let go
+    of the GIL): one thread reads at a fraction of the memory's rate, and the check of
+    a χ=1000 MPS took a quarter of its product's time on the GPU."""
+    cores = [(i, j, c) for i, t in enumerate(trains) for j, c in enumerate(t)
+             if is_in_memory(c)]
+    host = sum(nbytes_of(c) for *_, c in cores if isinstance(c, np.ndarray))
+    threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1)
+    if host < _THREADED_CHECK_BYTES or threads < 2:
+        finite = [all_finite(c) for *_, c in cores]
+    else:  # CuPy cores in this thread, on its stream
+        with ThreadPoolExecutor(threads) as pool:
+            finite = [pool.submit(all_finite, c) if isinstance(c, np.ndarray) else all_finite(c)
+                      for *_, c in cores]
+            finite = [f if isinstance(f, bool) else f.result() for f in finite]
+    for (i, j, _), ok in zip(cores, finite, strict=True):
+        if not ok:
+            raise ValueError(f"trains[{i}], site {j}: the core contains NaN or inf")
 
 
 def in_graph(*stacks: Stack, copies: int = 1) -> Any:
