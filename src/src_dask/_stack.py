@@ -222,13 +222,17 @@ class Stack:
 
     def max_rank(self, site: int) -> int:
         """An upper bound of the product's rank at the cut left of ``site``."""
-        bonds = math.prod(self.left_bonds(site))
-        phys = 1
-        for j in range(site):  # stops once the physical legs exceed the bonds
+        return self._max_ranks[site]
+
+    @cached_property
+    def _max_ranks(self) -> tuple[int, ...]:
+        """:meth:`max_rank` of every site (the plan asks thousands of times a call):
+        the lesser of the bonds' product and the physical legs' left of the cut."""
+        ranks, phys = [], 1
+        for j in range(self.n):
+            ranks.append(min(math.prod(self.left_bonds(j)), phys))
             phys *= self.up(j) * self.down(j)
-            if phys >= bonds:
-                return bonds
-        return phys
+        return tuple(ranks)
 
     def up(self, site: int) -> int:
         """Size of the output's up (row or physical) leg at ``site``."""
