@@ -290,7 +290,8 @@ def _held(env: list[float], n: int, after: int, upto: int) -> list[float]:
 def staged_envs(stack: Stack, plan: Plan, n_workers: int) -> float:
     """Host bytes of the pinned buffers environments pass through on their way to disk
     and back (``Plan.disk_envs``): a block of ``C_j`` per task running at once, twice
-    (CuPy's pinned pool keeps what the writes of pass 1 leave for the reads of pass 2)."""
+    (the pinned pool, ``_pinned``, keeps what the writes of pass 1 leave for the reads
+    of pass 2)."""
     if not plan.disk_envs:
         return 0.0
     share = _share(plan, n_workers) * plan.sketch / plan.chunk  # blocks the worker holds
@@ -388,7 +389,7 @@ def _z_bytes(stack: Stack, plan: Plan, j: int) -> int:
 
 def pinned_reads(stack: Stack, lookahead: int, device: str) -> int:
     """Host bytes of a GPU worker's reads of lazy inputs ``lookahead`` sites ahead of
-    use: they land in pinned memory, and CuPy's pinned pool keeps the blocks they
+    use: they land in pinned memory, and the pinned pool (``_pinned``) keeps the blocks they
     leave, so twice the reads in flight (the memory ladder of benchmarks/README.md
     compares the planned host peak with the workers' RSS)."""
     if device != "gpu" or not stack.input_bytes(lazy=True):

@@ -753,7 +753,7 @@ def lookahead(stack: Stack, plan: Plan) -> int:
 def read_ahead(stack: Stack, plan: Plan, facts: Workers) -> int | None:
     """Sites a GPU worker with limited host memory reads lazy inputs ahead of their use
     (None: :func:`lookahead`'s default): the reads land in pinned host memory, which
-    CuPy's pool keeps (twice the reads in flight); they may take half of what the
+    the pinned pool (``_pinned``) keeps (twice the reads in flight); they may take half of what the
     worker keeps before Dask spills on its event loop (the other half is for the
     environments the plan sends to host memory: ``Plan.disk_envs``): no more sites
     than fit that, at least one (the next)."""

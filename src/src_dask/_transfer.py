@@ -175,7 +175,7 @@ def _keep_until(event: Any, staging: np.ndarray) -> None:
 
 
 def _release_copied() -> None:
-    """Let go of the staging buffers whose copies have run (back to CuPy's pool)."""
+    """Let go of the staging buffers whose copies have run (back to the pool of ``_pinned``)."""
     with _pending_lock:
         _pending[:] = [(e, s) for e, s in _pending if not e.done]
 
