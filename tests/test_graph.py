@@ -1266,6 +1266,51 @@ def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the pinned blocks' mmap")
+def test_pinned_buffers_fall_back_to_cupys_pool_where_cuda_refuses_to_register(
+        monkeypatch, caplog):
+    """Where CUDA refuses to register host memory (not for want of it), pinned buffers
+    come from CuPy's own pool from then on, with one warning; a refusal for want of
+    memory is a MemoryError (the out-of-memory halving's to handle). Stand-in CuPy."""
+    import types
+
+    from src_dask import _pinned
+
+    class CUDARuntimeError(RuntimeError):
+        def __init__(self, status):
+            super().__init__(f"status {status}")
+            self.status = status
+
+    refusal, from_cupy = [1], []
+
+    def register(ptr, size, flags):
+        raise CUDARuntimeError(refusal[0])
+
+    runtime = types.SimpleNamespace(hostRegister=register, hostUnregister=lambda p: None,
+                                    CUDARuntimeError=CUDARuntimeError,
+                                    errorMemoryAllocation=2)
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.runtime = runtime
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: from_cupy.append(shape) or np.empty(shape, dtype)
+    for name, module in (("cupy", cupy), ("cupy.cuda", cuda), ("cupyx", cupyx)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(_pinned, "_pool", None)
+    monkeypatch.setattr(_pinned, "_cupys", False)
+    refusal[0] = 2  # out of memory
+    with pytest.raises(MemoryError):
+        _pinned.empty((4,), np.float64)
+    refusal[0] = 801  # not supported
+    with caplog.at_level("WARNING", logger="src_dask"):
+        assert _pinned.empty((4,), np.float64).shape == (4,)
+        _pinned.empty((3,), np.float64)
+    assert from_cupy == [(4,), (3,)] and _pinned._cupys
+    assert sum("CuPy's pool" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.timeout(30)
 def test_a_gpu_wait_polls_finely_at_first_then_ever_more_sparsely(monkeypatch):
     """``wait_for`` asks every ``_POLL_S[0]`` s for the first ``_FINE_S`` s (a short wait
     returns within a fine poll of the GPU), then doubles the pause up to ``_POLL_S[1]``

@@ -12,12 +12,14 @@ pooled for the worker's life, in sizes rounded to huge pages, so the sites of
 one run and the calls after it reuse them; a block is made outside the pool's
 lock, so one thread's new block does not hold up another's reuse.
 
-Elsewhere than on Linux CuPy's own pinned pool serves (:func:`empty`).
+Elsewhere than on Linux, or where CUDA refuses to register host memory, CuPy's own
+pinned pool serves (:func:`empty`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import sys
 import threading
@@ -25,6 +27,8 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("src_dask")
 
 _MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; older kernels: touched page by page
@@ -139,6 +143,8 @@ def _rounded(nbytes: int) -> int:
 
 _pool: Pool | None = None
 _pool_lock = threading.Lock()
+#: Whether registering host memory failed here once (CuPy's pinned pool serves since).
+_cupys = False
 
 
 def pool() -> Pool:
@@ -156,7 +162,8 @@ def pool() -> Pool:
 def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A C-contiguous NumPy array in page-locked memory (its ``base`` a CuPy
     ``PinnedMemoryPointer``, as ``cupyx.empty_pinned`` gives)."""
-    if not sys.platform.startswith("linux"):
+    global _cupys
+    if _cupys or not sys.platform.startswith("linux"):
         import cupyx
 
         return cupyx.empty_pinned(shape, dtype)
@@ -164,8 +171,16 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    mem = cupy.cuda.PinnedMemoryPointer(pool().lend(nbytes), 0)
-    return np.ndarray(shape, dtype, buffer=mem)
+    try:
+        lease = pool().lend(nbytes)
+    except cupy.cuda.runtime.CUDARuntimeError as err:
+        if err.status == getattr(cupy.cuda.runtime, "errorMemoryAllocation", 2):
+            raise MemoryError(f"could not page-lock {nbytes} bytes: {err}") from err
+        log.warning("src_dask: pinned buffers from CuPy's pool from now on: registering "
+                    "host memory with CUDA failed (%s)", err)
+        _cupys = True
+        return empty(shape, dtype)
+    return np.ndarray(shape, dtype, buffer=cupy.cuda.PinnedMemoryPointer(lease, 0))
 
 
 def free_blocks() -> None:
