@@ -177,7 +177,8 @@ def test_zarr_reads_land_in_pinned_memory_and_move_without_a_copy(tmp_path, monk
 
 
 def test_a_second_run_reuses_the_pinned_blocks_of_the_first(tmp_path):
-    """The reads of a GPU run land in this process's pool of pinned blocks
+    """With ``pinned-memory: registered`` the reads of a GPU run land in this process's
+    pool of pinned blocks
     (``_pinned``), registered with CUDA and kept: the same run again makes no new block."""
     from src_dask import _pinned
 
@@ -185,11 +186,12 @@ def test_a_second_run_reuses_the_pinned_blocks_of_the_first(tmp_path):
     src_dask.save(a, tmp_path / "a")
     src_dask.save(x, tmp_path / "x")
     za, zx = src_dask.open(tmp_path / "a"), src_dask.open(tmp_path / "x")
-    first = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8)
-    made = _pinned.pool().made
-    assert made > 0
-    _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), first)
-    assert _pinned.pool().made == made
+    with dask.config.set({"src_dask.pinned-memory": "registered"}):
+        first = _on("gpu", za, zx, chi_out=32, seed=1, chunk=8)
+        made = _pinned.pool().made
+        assert made > 0
+        _same(_on("gpu", za, zx, chi_out=32, seed=1, chunk=8), first)
+        assert _pinned.pool().made == made
 
 
 def test_oom_halving_with_a_cupy_pool_limit(caplog):

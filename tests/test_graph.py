@@ -1269,9 +1269,10 @@ def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the pinned blocks' mmap")
 def test_pinned_buffers_fall_back_to_cupys_pool_where_cuda_refuses_to_register(
         monkeypatch, caplog):
-    """Where CUDA refuses to register host memory (not for want of it), pinned buffers
-    come from CuPy's own pool from then on, with one warning; a refusal for want of
-    memory is a MemoryError (the out-of-memory halving's to handle). Stand-in CuPy."""
+    """With ``pinned-memory: registered``, where CUDA refuses to register host memory
+    (not for want of it), pinned buffers come from CuPy's own pool from then on, with
+    one warning; a refusal for want of memory is a MemoryError (the out-of-memory
+    halving's to handle). By default they come from CuPy's pool. Stand-in CuPy."""
     import types
 
     from src_dask import _pinned
@@ -1299,6 +1300,7 @@ def test_pinned_buffers_fall_back_to_cupys_pool_where_cuda_refuses_to_register(
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(_pinned, "_pool", None)
     monkeypatch.setattr(_pinned, "_cupys", False)
+    monkeypatch.setitem(dask.config.config["src_dask"], "pinned-memory", "registered")
     refusal[0] = 2  # out of memory
     with pytest.raises(MemoryError):
         _pinned.empty((4,), np.float64)
@@ -1308,6 +1310,10 @@ def test_pinned_buffers_fall_back_to_cupys_pool_where_cuda_refuses_to_register(
         _pinned.empty((3,), np.float64)
     assert from_cupy == [(4,), (3,)] and _pinned._cupys
     assert sum("CuPy's pool" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(_pinned, "_cupys", False)
+    monkeypatch.setitem(dask.config.config["src_dask"], "pinned-memory", "cupy")
+    _pinned.empty((2,), np.float64)  # the default: CuPy's pool, nothing registered
+    assert from_cupy[-1] == (2,) and not _pinned._cupys
 
 
 @pytest.mark.timeout(30)

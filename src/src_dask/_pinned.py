@@ -12,7 +12,8 @@ pooled for the worker's life, in sizes rounded to huge pages, so the sites of
 one run and the calls after it reuse them; a block is made outside the pool's
 lock, so one thread's new block does not hold up another's reuse.
 
-Elsewhere than on Linux, or where CUDA refuses to register host memory, CuPy's own
+Config ``src_dask.pinned-memory: registered`` chooses this; by default (``cupy``),
+elsewhere than on Linux, and where CUDA refuses to register host memory, CuPy's own
 pinned pool serves (:func:`empty`).
 """
 
@@ -27,6 +28,8 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+
+from . import config
 
 log = logging.getLogger("src_dask")
 
@@ -163,7 +166,8 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A C-contiguous NumPy array in page-locked memory (its ``base`` a CuPy
     ``PinnedMemoryPointer``, as ``cupyx.empty_pinned`` gives)."""
     global _cupys
-    if _cupys or not sys.platform.startswith("linux"):
+    if (_cupys or not sys.platform.startswith("linux")
+            or config.get_choice("pinned-memory", ("cupy", "registered")) == "cupy"):
         import cupyx
 
         return cupyx.empty_pinned(shape, dtype)
