@@ -608,6 +608,20 @@ def test_a_run_past_the_bound_is_one_task_where_its_graph_would_be_slower(cluste
     assert close_cores(y, ref)
 
 
+@pytest.mark.timeout(30)
+def test_inputs_go_ahead_only_to_workers_the_client_surely_reaches():
+    """A worker in this process or on the loopback (IPv4, IPv6, ``localhost``) gets
+    in-memory inputs sent straight to it; one named by another address or a host name
+    may be out of the client's reach (they then ride in the task)."""
+    from src_dask._api import _on_loopback
+
+    for address in ("tcp://127.0.0.1:8786", "tcp://[::1]:8786", "tls://localhost:1",
+                    "inproc://10.0.0.1/12/3"):
+        assert _on_loopback(address), address
+    for address in ("tcp://10.1.2.3:8786", "tcp://node01:8786", "tls://[fe80::1]:8786"):
+        assert not _on_loopback(address), address
+
+
 @pytest.mark.timeout(120)
 def test_a_one_task_runs_large_numpy_inputs_go_to_its_worker_once_ahead_of_it(
         cluster_client, monkeypatch):

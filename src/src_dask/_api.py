@@ -484,7 +484,8 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
 def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
                      persist: bool = False, info: RunInfo | None = None) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
-    there by Dask's synchronous scheduler; the inputs travel once, in the task.
+    there by Dask's synchronous scheduler; the inputs travel once, in the task or
+    ahead of it (:func:`_send_inputs`).
     ``persist``: the cores stay on that worker (see :func:`src`); ``info``: as
     :func:`_run`'s."""
     # the scheduler's info on each worker (``info``, elsewhere; here that is the RunInfo)
@@ -531,33 +532,39 @@ _SEND_AHEAD_BYTES = 16 << 20
 def _send_inputs(stack: Stack, client: Any, worker: str, info: RunInfo | None
                  ) -> tuple[dict[int, Any], RunInfo | None]:
     """The in-memory input cores of ``stack`` (from :data:`_SEND_AHEAD_BYTES` on) sent
-    to ``worker`` ahead of its one task,
-    each once and straight to it (Dask's ``scatter``, not through the scheduler: on one
-    host half the time of carrying them inside the task); their futures by the arrays'
-    ids, and ``info`` saying how many bytes went and in how long (a call's transfer,
-    apart from its run). Only where the client reaches the worker for sure (this
-    host's loopback, in-process, or a client made with ``direct_to_workers``): else
-    the inputs travel inside the task, through the scheduler, as they do in a graph."""
-    from distributed.comm import parse_address, parse_host_port
-
+    to ``worker`` ahead of its one task, each once and straight to it (Dask's
+    ``scatter``, not through the scheduler: on one host half the time of carrying them
+    inside the task); their futures by the arrays' ids, and ``info`` saying how many
+    bytes went and in how long (a call's transfer, apart from its run). Only where the
+    client surely reaches the worker (this host's loopback, in-process, or a client
+    made with ``direct_to_workers``): else they travel inside the task."""
     arrays = {id(c): c for f in stack.factors for j in range(stack.n)
               if _kernels.is_in_memory(c := f.train.source(j))}
-    scheme, location = parse_address(worker)
-    local = scheme == "inproc" or (
-        ipaddress.ip_address(parse_host_port(location)[0].strip("[]")).is_loopback
-        if scheme in ("tcp", "tls", "ucx", "ucxx") else False)
-    if (sum(_kernels.nbytes(c) for c in arrays.values()) < _SEND_AHEAD_BYTES
-            or not (local or client.direct_to_workers)):
+    nbytes = sum(_kernels.nbytes(c) for c in arrays.values())
+    if nbytes < _SEND_AHEAD_BYTES or not (_on_loopback(worker) or client.direct_to_workers):
         return {}, info
     start = time.perf_counter()
     futures = client.scatter(list(arrays.values()), workers=[worker], direct=True,
                              hash=False)
     seconds = time.perf_counter() - start
-    nbytes = sum(_kernels.nbytes(c) for c in arrays.values())
-    log.info("src: %s of in-memory inputs sent to %s in %.3g s", dask.utils.format_bytes(nbytes),
-             worker, seconds)
+    log.info("src: %s of in-memory inputs sent to %s in %.3g s",
+             dask.utils.format_bytes(nbytes), worker, seconds)
     return dict(zip(arrays, futures, strict=True)), dataclasses.replace(
         info or RunInfo(), sent_bytes=nbytes, sent_s=seconds)
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether a worker's ``address`` is in this process or on this host's loopback."""
+    from distributed.comm import parse_address, parse_host_port
+
+    scheme, location = parse_address(address)
+    if scheme == "inproc":
+        return True
+    host = parse_host_port(location)[0].strip("[]")  # text only: no comm backend asked
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def _part(result: Any, j: int) -> Any:
