@@ -130,6 +130,10 @@ MUTANTS = (
            "        if block is None:\n            with self._lock:\n"
            "                block = self._make(size)",
            ("tests/test_graph.py", "-k", "pinned_block")),
+    Mutant("pinned: a block is faulted in past the host's free memory", "_pinned.py",
+           "            if _available() < size + _HEADROOM:  # the spare",
+           "            if False:  # the spare",
+           ("tests/test_graph.py", "-k", "free_memory")),
     Mutant("pinned: a block is page-locked before its pages are faulted in", "_pinned.py",
            "            if lib.madvise(ptr, size, _MADV_POPULATE_WRITE) != 0:",
            "            if False:",

@@ -1234,7 +1234,7 @@ def test_a_pinned_block_is_faulted_in_before_it_is_page_locked_and_let_go_after(
 
 
 @pytest.mark.timeout(30)
-def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
+def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock(monkeypatch):
     """The pool lends a free block of a request's rounded size again (one made, not
     one per request), and makes a new block outside its lock: another thread's reuse
     does not wait for it (a block of a few hundred MB takes tens of ms to fault in)."""
@@ -1251,6 +1251,7 @@ def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
             assert release.wait(10)
         return types.SimpleNamespace(ptr=1, size=size)
 
+    monkeypatch.setattr(_pinned, "_available", lambda: 1 << 40)
     pool = _pinned.Pool(make)
     lease = pool.lend(3 << 20)
     assert lease.size == 4 << 20 and pool.made == 1
@@ -1263,6 +1264,27 @@ def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock():
     release.set()
     slow.join()
     assert pool.made == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_pinned_block_past_the_free_memory_frees_the_spare_ones_first(monkeypatch):
+    """A new pinned block that the host's free memory would not hold lets go of the
+    pool's spare blocks first, and if still too big is a MemoryError, never faulted in
+    (that would wake the OOM killer, not fail)."""
+    import types
+
+    from src_dask import _pinned
+
+    available, made = [10 << 30], []
+    monkeypatch.setattr(_pinned, "_available", lambda: available[0])
+    pool = _pinned.Pool(lambda size: made.append(size) or types.SimpleNamespace(
+        ptr=1, size=size))
+    pool.lend(8 << 30)  # fits: made, then spare (the lease collected at once)
+    assert made == [8 << 30] and pool._free[8 << 30]
+    available[0] = 4 << 30
+    with pytest.raises(MemoryError):
+        pool.lend(6 << 30)
+    assert made == [8 << 30] and not pool._free[8 << 30]  # the spare one let go
 
 
 @pytest.mark.timeout(30)

@@ -123,6 +123,11 @@ class Pool:
             free = self._free[size]
             block = free.pop() if free else None
         if block is None:
+            if _available() < size + _HEADROOM:  # the spare blocks go first, as CuPy's do
+                self.free_blocks()
+                if _available() < size + _HEADROOM:
+                    raise MemoryError(f"no host memory to pin {size} bytes (the kernel "
+                                      "would kill the worker rather than refuse)")
             block = self._make(size)
             with self._lock:
                 self.made += 1
@@ -136,6 +141,24 @@ class Pool:
         """Let go of the blocks not lent out (unregistered and unmapped)."""
         with self._lock:
             self._free.clear()
+
+
+#: Host memory left to the rest of the system when a block is made.
+_HEADROOM = 1 << 30
+
+
+def _available() -> int:
+    """Bytes of memory the kernel can give without swapping (``MemAvailable``): faulting
+    in pages past it invokes the OOM killer, where ``cudaHostAlloc`` failed and let
+    CuPy's pool free its spare blocks."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # not known: not checked
 
 
 def _rounded(nbytes: int) -> int:
