@@ -264,8 +264,8 @@ _THREADED_CHECK_BYTES = 64 << 20
 def _check_finite_now(trains: list[TensorTrain]) -> None:
     """NaN/inf check for in-memory cores; lazy (Dask, Zarr) ones are checked in the graph.
     Large NumPy inputs are read by a thread per core of the host (NumPy's sums let go
-    of the GIL): one thread reads at a fraction of the memory's rate, and the check of
-    a χ=1000 MPS took a quarter of its product's time on the GPU."""
+    of the GIL): one thread reads at a fraction of the memory's rate, and the inputs of
+    a χ=1000 MPO·MPS are 1.6 GB, read before every call."""
     cores = [(i, j, c) for i, t in enumerate(trains) for j, c in enumerate(t)
              if is_in_memory(c)]
     host = sum(nbytes_of(c) for *_, c in cores if isinstance(c, np.ndarray))
