@@ -126,9 +126,8 @@ MUTANTS = (
            "_transfer.py", "    _release_copied()\n    return _pinned", "    return _pinned",
            ("tests/test_graph.py", "-k", "staging_buffer")),
     Mutant("pinned: a new block is made inside the pool's lock", "_pinned.py",
-           "        if block is None:\n            block = self._make(size)",
-           "        if block is None:\n            with self._lock:\n"
-           "                block = self._make(size)",
+           "            block = self._make(size)\n",
+           "            with self._lock:\n                block = self._make(size)\n",
            ("tests/test_graph.py", "-k", "pinned_block")),
     Mutant("pinned: a block is faulted in past the host's free memory", "_pinned.py",
            "            if _available() < size + _HEADROOM:  # the spare",
