@@ -15,13 +15,13 @@ multiplies a small product out (the reference SRC approximates).
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import dask
+import dask.system
 import dask.utils
 import numpy as np
 
@@ -269,8 +269,7 @@ def _check_finite_now(trains: list[TensorTrain]) -> None:
     cores = [(i, j, c) for i, t in enumerate(trains) for j, c in enumerate(t)
              if is_in_memory(c)]
     host = sum(nbytes_of(c) for *_, c in cores if isinstance(c, np.ndarray))
-    threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count() or 1)
+    threads = min(8, dask.system.CPU_COUNT)  # the process's CPUs (affinity, cgroup)
     if host < _THREADED_CHECK_BYTES or threads < 2:
         finite = [all_finite(c) for *_, c in cores]
     else:  # CuPy cores in this thread, on its stream
