@@ -927,7 +927,8 @@ def test_environments_in_host_memory_and_sketches_by_row_block_give_the_same_cor
     monkeypatch.setattr(_graph.tasks, "to_host",
                         lambda x: copies["out"].append(x.shape) or x.copy())
     monkeypatch.setattr(_graph.tasks, "to_device",
-                        lambda x, after=None: copies["back"].append(x.shape) or x.copy())
+                        lambda x, after=None, device="gpu":
+                        copies["back"].append(x.shape) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
         lambda cls, device, n_workers: cls.ONE_GPU))
     host = dataclasses.replace(plan, host_envs=4)
@@ -1017,6 +1018,9 @@ def _disk_layout(monkeypatch, tmp_path):
                         lambda x: copies.__setitem__("host", copies["host"] + 1) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
         lambda cls, device, n_workers: cls.ONE_GPU))
+    fetch = _graph.tasks.to_device  # as on a GPU: through (stand-in) device copies
+    monkeypatch.setattr(_graph.tasks, "to_device",
+                        lambda x, after=None, device="gpu": fetch(x, after, device="gpu"))
     monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
     return copies
 
@@ -1042,6 +1046,45 @@ def test_environments_written_to_disk_give_the_same_cores(monkeypatch, tmp_path)
     assert all(np.array_equal(p, q) for p, q in zip(y, ref, strict=True))
     blocks = len(plan.blocks)
     assert copies == {"disk": 2 * blocks, "host": 2 * blocks, "back": 4 * blocks}
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_cpu_run_writes_the_environments_it_does_not_keep_and_reads_them_once(
+        monkeypatch, tmp_path, depth):
+    """A CPU run's ``Plan.disk_envs`` (as many as ``host_envs``: no copy in between):
+    pass 1's tasks write the first sites' environments to disk, pass 2's fetches read
+    each back once, in host memory; the cores equal the plain layout's bit for bit and
+    no file is left behind."""
+    from src_dask import _transfer
+
+    trains = (*[random_mpo(7, 2, phys=3, seed=s) for s in range(1, depth + 1)],
+              random_mps(7, 5, phys=3, seed=9))
+    stack = make_stack(trains)
+    plan = _plan.Plan(sketch=10, chunk=4, chi_out=10, cutoff=0.0, key=_random.seed_key(3),
+                      round=False)
+    ref = _graph.build(stack, plan).compute(scheduler="sync")
+    monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
+    counts = {"written": 0, "read": 0}
+    to_disk, from_disk = _transfer.to_disk, _transfer.from_disk
+
+    def written(x, run, name):
+        assert isinstance(x, np.ndarray)
+        counts["written"] += 1
+        return to_disk(x, run, name)
+
+    def read(d, device):
+        assert device is False  # into host memory: there is no device
+        counts["read"] += 1
+        return from_disk(d, device)
+
+    monkeypatch.setattr(_transfer, "to_disk", written)
+    monkeypatch.setattr(_transfer, "from_disk", read)
+    monkeypatch.setattr(_transfer, "to_device", lambda x: pytest.fail("a copy to a device"))
+    y = _graph.build(stack, dataclasses.replace(plan, host_envs=3, disk_envs=3)).compute(
+        scheduler="sync")
+    assert all(np.array_equal(p, q) for p, q in zip(y, ref, strict=True))
+    assert counts == {"written": 3 * len(plan.blocks), "read": 3 * len(plan.blocks)}
     assert list(tmp_path.iterdir()) == []
 
 

@@ -539,7 +539,9 @@ def test_spilling_beyond_the_free_disk_is_refused_before_any_work():
                                           r"disk there .* but only .* are free"):
             _api._check_spill_room(stack, plan, None, short, False)
     # with a run store the environments go to the store, not to the workers' disk
-    _api._check_spill_room(stack, plan, None,
+    in_store = _api.decide_plan(stack, 600, 0, 0.0, None, device="cpu", facts=roomy, slots=2,
+                                store=True)
+    _api._check_spill_room(stack, in_store, None,
                            dataclasses.replace(roomy, disk_free=to_disk // 2), True)
 
 
@@ -593,6 +595,56 @@ print(tracemalloc.get_traced_memory()[1] - base)
     peak = int(run.stdout.split()[-1])
     cores = [np.empty(s, complex) for s in shapes]
     assert 0.75 <= peak / (rows * K.project_row_bytes(cores)) <= 1.25
+
+
+@pytest.mark.parametrize("limit_mb, rss_mb, workers, threads", [
+    (400, 150, 2, 1), (300, 140, 1, 1), (600, 150, 1, 2), (100_000, 150, 2, 1)])
+def test_a_cpu_run_writes_what_its_workers_do_not_keep_to_disk(limit_mb, rss_mb, workers,
+                                                               threads):
+    """Without a store, a CPU worker keeps environments up to what Dask keeps before
+    it spills (``Workers.keep``) beside the run's other data; the first sites'
+    beyond that are written to disk by the tasks (``Plan.disk_envs``, all of
+    ``host_envs``: no copy between), no more. Dask's spilling, which looks every
+    100 ms, lost small workers to their restart at 95 %."""
+    from src_dask import _api, _estimate
+
+    stack = make_stack((problems.random_mpo(30, 4, seed=1),
+                        problems.random_mps(30, 512, seed=2)))
+    limit, rss = limit_mb * 2**20, rss_mb * 2**20
+    facts = _plan.Workers(count=workers, threads=threads, rss=rss, host_limit=limit,
+                          keep=int(min(0.6 * limit, 0.7 * limit - rss)),
+                          room=int(0.8 * limit - max(rss, 0.7 * limit)), memory=limit)
+    plan = _api.decide_plan(stack, 512, 0, 0.0, None, device="cpu", facts=facts,
+                            slots=workers * threads)
+    assert plan.disk_envs == plan.host_envs
+    held = _estimate.data_held(stack, plan, workers, False)
+    sweep = _plan.SweepPlan.decide(stack, plan, [f"tcp://w:{i}" for i in range(workers)])
+    est = _estimate.estimate(stack, sweep, facts, store=False, tasks=0, store_bytes=0,
+                             product="")
+    if limit_mb == 100_000:
+        assert plan.disk_envs == 0 and est.to_disk == 0
+        return
+    assert plan.disk_envs > 0
+    # the environments kept and the run's other data (with all on disk: the projected
+    # cores, two sites fetched back and their buffers) fit; one site more would not
+    envs = _estimate.environments(stack, plan, workers)
+    everything = dataclasses.replace(plan, host_envs=stack.n - 1, disk_envs=stack.n - 1)
+    other = (max(_estimate.data_held(stack, everything, workers, False))
+             + _estimate.staged_envs(stack, everything, workers))
+    if other > facts.keep:  # not even then (Dask spills the rest): all of them
+        assert plan.disk_envs == stack.n - 1
+    else:
+        assert max(held) + _estimate.staged_envs(stack, plan, workers) <= facts.keep
+        assert sum(envs[plan.disk_envs + 1:]) <= facts.keep - other \
+            < sum(envs[plan.disk_envs:])
+    assert est.to_disk >= sum(envs[1:plan.disk_envs + 1])
+    assert f"environments of sites 1-{plan.disk_envs} (" in str(est)
+    # unlimited workers, a store, or no cluster: nothing goes to disk this way
+    unlimited = dataclasses.replace(facts, keep=None, host_limit=None, room=None)
+    assert _api.decide_plan(stack, 512, 0, 0.0, None, device="cpu", facts=unlimited,
+                            slots=2).disk_envs == 0
+    assert _api.decide_plan(stack, 512, 0, 0.0, None, device="cpu", facts=facts, slots=2,
+                            store=True).disk_envs == 0
 
 
 @pytest.mark.parametrize("dm, pool_gb, host_gb", [(1000, 24, 8), (1000, 12, 16), (1000, 48, 8),

@@ -275,6 +275,9 @@ def decide_plan(stack: Stack, chi_out: int, extra: int, cutoff: float, chunk: in
         return dataclasses.replace(plan, read_ahead=ahead)
 
     plan = sized(_plan.task_bytes(facts, device))
+    if device == "cpu" and not store:
+        disk = _cpu_disk_envs(stack, plan, facts)
+        plan = dataclasses.replace(plan, host_envs=disk, disk_envs=disk)
     if device == "gpu" and facts.device_memory and plan.task_bytes is not None:
         # the data's bytes hardly depend on the tasks' size (only through the columns'
         # blocks), so those of the first sizing bound the second
@@ -351,6 +354,23 @@ def _disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
     budget = (facts.keep - staged
               - _estimate.pinned_reads(stack, _plan.lookahead(stack, plan), plan.device))
     return _plan.host_envs(envs, budget)
+
+
+def _cpu_disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
+    """How many of the first sites' environments a CPU run writes to its workers' disk
+    (``Plan.disk_envs``): those beyond what a worker keeps in memory before Dask
+    would spill (``Workers.keep``), beside the rest of the run's data. Dask spills
+    them too, but its memory monitor looks only every so often (100 ms by default),
+    and a small worker's tasks make more data between two looks than its margin from
+    the spill threshold to the restart; the tasks that made the data write them as
+    they go, so the worker never holds more than it keeps."""
+    if facts.keep is None:
+        return 0
+    everything = dataclasses.replace(plan, host_envs=stack.n - 1, disk_envs=stack.n - 1)
+    other = (max(_estimate.data_held(stack, everything, facts.count, False))
+             + _estimate.staged_envs(stack, everything, facts.count))
+    return _plan.host_envs(_estimate.environments(stack, plan, facts.count),
+                           facts.keep - other)
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],

@@ -115,7 +115,7 @@ class _Pass2:
             env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
             if self.on_host(j):
                 env = self.place(g.add((g.name("pass2", j), "fetch", c), tasks.to_device, env,
-                                       self.fetch_after(j)), c)
+                                       self.fetch_after(j), device=self.plan.device), c)
             elif self.sweep.pass2.home and self.store is None and c % max(1, self.g.n_workers):
                 env = g.pin(g.add((g.name("pass2", j), "fetch", c), tasks.first, env,
                                   self.ahead_of(j)), 0)
@@ -123,7 +123,7 @@ class _Pass2:
         return out
 
     def on_host(self, j: int) -> bool:
-        """Whether pass 1 left ``C_j`` in host memory (``Plan.host_envs``)."""
+        """Whether pass 1 left ``C_j`` in host memory or on disk (``Plan.host_envs``)."""
         return self.store is None and 0 < j <= self.plan.host_envs
 
     def fetch_after(self, j: int) -> Any:
@@ -280,7 +280,7 @@ class _Pass2:
                 env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
                 if self.on_host(j):
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.to_device,
-                                      env, self.fetch_after(j)), w)
+                                      env, self.fetch_after(j), device=self.plan.device), w)
                 elif self.store is None and c % self.g.n_workers != w:
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.first, env,
                                       self.ahead_of(j)), w)

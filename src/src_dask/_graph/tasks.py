@@ -432,12 +432,13 @@ def to_disk(x: Any, *, run: str, name: str) -> _transfer.OnDisk:
     return _transfer.to_disk(x, run, name)
 
 
-def to_device(x: Any, after: Any = None) -> Any:
-    """``x`` on the device, once ``after`` has run (an environment fetched back from
-    host memory, or read back from disk, ahead of its use)."""
+def to_device(x: Any, after: Any = None, *, device: str = "gpu") -> Any:
+    """``x`` where the run's tasks use it (on the device of a GPU run, in host memory
+    on a CPU), once ``after`` has run: an environment fetched back from host memory,
+    or read back from disk, ahead of its use."""
     if isinstance(x, _transfer.OnDisk):
-        return _transfer.from_disk(x, device=True)
-    return _transfer.to_device(x)
+        return _transfer.from_disk(x, device=device == "gpu")
+    return _transfer.to_device(x) if device == "gpu" else x
 
 
 def first(x: Any, after: Any = None) -> Any:
