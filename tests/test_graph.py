@@ -926,7 +926,7 @@ def test_environments_in_host_memory_and_sketches_by_row_block_give_the_same_cor
     copies = {"out": [], "back": []}
     monkeypatch.setattr(_graph.tasks, "to_host",
                         lambda x: copies["out"].append(x.shape) or x.copy())
-    monkeypatch.setattr(_graph.tasks, "to_device",
+    monkeypatch.setattr(_graph.tasks, "fetch",
                         lambda x, after=None, device="gpu":
                         copies["back"].append(x.shape) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
@@ -1018,8 +1018,8 @@ def _disk_layout(monkeypatch, tmp_path):
                         lambda x: copies.__setitem__("host", copies["host"] + 1) or x.copy())
     monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
         lambda cls, device, n_workers: cls.ONE_GPU))
-    fetch = _graph.tasks.to_device  # as on a GPU: through (stand-in) device copies
-    monkeypatch.setattr(_graph.tasks, "to_device",
+    fetch = _graph.tasks.fetch  # as on a GPU: through (stand-in) device copies
+    monkeypatch.setattr(_graph.tasks, "fetch",
                         lambda x, after=None, device="gpu": fetch(x, after, device="gpu"))
     monkeypatch.setitem(dask.config.config, "temporary-directory", str(tmp_path))
     return copies

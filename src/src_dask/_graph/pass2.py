@@ -114,7 +114,7 @@ class _Pass2:
         for c in range(len(self.plan.blocks)):
             env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
             if self.on_host(j):
-                env = self.place(g.add((g.name("pass2", j), "fetch", c), tasks.to_device, env,
+                env = self.place(g.add((g.name("pass2", j), "fetch", c), tasks.fetch, env,
                                        self.fetch_after(j), device=self.plan.device), c)
             elif self.sweep.pass2.home and self.store is None and c % max(1, self.g.n_workers):
                 env = g.pin(g.add((g.name("pass2", j), "fetch", c), tasks.first, env,
@@ -279,7 +279,7 @@ class _Pass2:
             for c in range(len(self.plan.blocks)):
                 env = self.envs[j][c] if self.store is None else self.envs[n - 1][c]
                 if self.on_host(j):
-                    env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.to_device,
+                    env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.fetch,
                                       env, self.fetch_after(j), device=self.plan.device), w)
                 elif self.store is None and c % self.g.n_workers != w:
                     env = g.pin(g.add((g.name("pass2", j), "fetch", c, w), tasks.first, env,

@@ -432,7 +432,7 @@ def to_disk(x: Any, *, run: str, name: str) -> _transfer.OnDisk:
     return _transfer.to_disk(x, run, name)
 
 
-def to_device(x: Any, after: Any = None, *, device: str = "gpu") -> Any:
+def fetch(x: Any, after: Any = None, *, device: str) -> Any:
     """``x`` where the run's tasks use it (on the device of a GPU run, in host memory
     on a CPU), once ``after`` has run: an environment fetched back from host memory,
     or read back from disk, ahead of its use."""
