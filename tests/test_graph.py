@@ -1088,6 +1088,28 @@ def test_a_cpu_run_writes_the_environments_it_does_not_keep_and_reads_them_once(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("copies", [False, True])
+def test_environments_every_worker_fetches_stay_in_host_memory(monkeypatch, tmp_path, copies):
+    """Pass 2 split by rows fetches every block of ``C_j`` on each worker that owns rows:
+    a file is removed as it is read, so those blocks are not written to disk (they stay
+    in host memory, to travel), whatever ``Plan.disk_envs`` says; the cores are those
+    of the plain layout, on a CPU and in a GPU run's layout."""
+    from src_dask import _transfer
+
+    stack, plan, graph = _split_graph(addresses=("w0", "w1", "w2"))
+    ref = graph.compute(scheduler="sync")
+    monkeypatch.setattr(_transfer, "to_disk", lambda *a: pytest.fail("an environment on disk"))
+    if copies:  # a GPU run's layout (stand-in copies to and from the device)
+        _disk_layout(monkeypatch, tmp_path)
+        monkeypatch.setattr(_plan.Pass2, "of_run", classmethod(
+            lambda cls, device, n_workers: cls.SPLIT))
+    with dask.config.set({"src_dask.pass2-split": True}):
+        graph = _graph.build(stack, dataclasses.replace(plan, host_envs=4, disk_envs=4),
+                             addresses=["w0", "w1", "w2"])
+    y = graph.compute(scheduler="sync")
+    assert all(np.array_equal(p, q) for p, q in zip(y, ref, strict=True))
+
+
 def test_a_run_that_stops_removes_the_environments_it_wrote(monkeypatch, tmp_path):
     """A run that fails after pass 1 wrote environments to disk removes them (those of
     its run only: another file beside them stays), and says what failed."""

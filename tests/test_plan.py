@@ -645,6 +645,10 @@ def test_a_cpu_run_writes_what_its_workers_do_not_keep_to_disk(limit_mb, rss_mb,
                             slots=2).disk_envs == 0
     assert _api.decide_plan(stack, 512, 0, 0.0, None, device="cpu", facts=facts, slots=2,
                             store=True).disk_envs == 0
+    if workers > 1:  # pass 2 split by rows: every worker reads every block
+        with dask.config.set({"src_dask.pass2-split": True}):
+            assert _api.decide_plan(stack, 512, 0, 0.0, None, device="cpu", facts=facts,
+                                    slots=2).disk_envs == 0
 
 
 @pytest.mark.parametrize("dm, pool_gb, host_gb", [(1000, 24, 8), (1000, 12, 16), (1000, 48, 8),

@@ -346,7 +346,7 @@ def _disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
     beyond what the worker keeps in host memory before Dask would spill them (on its
     event loop), less the pinned buffers of the inputs read ahead of use
     (``_plan.read_ahead``) and of the environments' own way to disk and back."""
-    if not plan.host_envs or facts.keep is None:
+    if not plan.host_envs or facts.keep is None or _fetched_everywhere(plan, facts):
         return 0
     envs = _estimate.environments(stack, plan, facts.count)[:plan.host_envs + 1]
     staged = _estimate.staged_envs(stack, dataclasses.replace(plan, disk_envs=plan.host_envs),
@@ -364,13 +364,19 @@ def _cpu_disk_envs(stack: Stack, plan: _plan.Plan, facts: _plan.Workers) -> int:
     and a small worker's tasks make more data between two looks than its margin from
     the spill threshold to the restart; the tasks that made the data write them as
     they go, so the worker never holds more than it keeps."""
-    if facts.keep is None:
+    if facts.keep is None or _fetched_everywhere(plan, facts):
         return 0
     everything = dataclasses.replace(plan, host_envs=stack.n - 1, disk_envs=stack.n - 1)
     other = (max(_estimate.data_held(stack, everything, facts.count, False))
              + _estimate.staged_envs(stack, everything, facts.count))
     return _plan.host_envs(_estimate.environments(stack, plan, facts.count),
                            facts.keep - other)
+
+
+def _fetched_everywhere(plan: _plan.Plan, facts: _plan.Workers) -> bool:
+    """Whether pass 2 is split by rows over the workers, each fetching every block of
+    ``C_j``: a file is read once (and removed), so none goes to disk."""
+    return _plan.Pass2.of_run(plan.device, facts.count).split
 
 
 def _run_in_store(stack: Stack, plan: _plan.Plan, path: str, asked: dict[str, Any],

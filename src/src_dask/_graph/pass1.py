@@ -58,8 +58,13 @@ def add(g: GraphBuilder, inputs: Inputs, blocks_todo: list[int],
 
 
 def _reads_back_here(g: GraphBuilder, c: int) -> bool:
-    """Whether pass 2 fetches block ``c``'s environments on the worker that made them
-    (a file written there is read there); else they stay in host memory, to travel."""
+    """Whether pass 2 fetches block ``c``'s environments once, on the worker that made
+    them (a file written there is read there, and removed as it is read); else they
+    stay in host memory, to travel: the other workers' blocks where all of pass 2 runs
+    on the first, and every block where pass 2 is split by rows (each worker that owns
+    rows fetches all of them)."""
+    if g.sweep.pass2.split:
+        return False
     return not g.sweep.pass2.home or c % max(1, g.n_workers) == 0
 
 
