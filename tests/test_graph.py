@@ -859,10 +859,12 @@ def test_an_environment_no_task_may_hold_is_summed_in_row_blocks(limit, where, c
         sweep = _plan.SweepPlan.decide(stack, p, None)
         cut = [j for j in range(stack.n) if sweep.cut_env[j]]
         assert cut
-        for j in cut:  # each block of S_{j-1} within half of the update's budget
+        for j in cut:  # each block of S_{j-1} within half of one task's share: the
+            # blocks' sums run side by side
             q = math.ceil(_plan.z_rows(stack, p, j - 1) / sweep.z_blocks[j - 1])
             left = math.prod(stack.left_bonds(j))
-            assert 2 * q * left * 16 <= _plan.kind_bytes(p, "update")
+            assert 2 * q * left * 16 <= _plan.kind_bytes(p, "update", cut=True) \
+                == p.task_bytes
         y = src_dask.src(*trains, chi_out=40, seed=2,
                          client=cluster_client if where == "cluster" else None,
                          store=tmp_path / "run" if where == "store" else None)

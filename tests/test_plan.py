@@ -458,6 +458,15 @@ def test_the_environment_sum_may_use_every_threads_share():
     _plan.check_fits(stack, one)
     assert max(_plan.env_blocks(stack, one, j) for j in range(stack.n)) > 1
     assert max(_plan.env_blocks(stack, four, j) for j in range(stack.n)) == 1
+    # cut in row blocks, the blocks' sums run side by side, four at once on four
+    # threads: each gets one thread's share, as on one thread
+    small = _plan_of(sketch=sketch, chunk=8, task_bytes=2**20, threads=4)
+    alone = _plan_of(sketch=sketch, chunk=8, task_bytes=2**20)
+    for j in range(1, stack.n):
+        blocks = _plan.env_blocks(stack, small, j)
+        if blocks > 1:
+            assert blocks == _plan.env_blocks(stack, alone, j)
+    assert max(_plan.env_blocks(stack, small, j) for j in range(stack.n)) > 1
     # one row of it that does not fit is refused, naming what it needs
     with pytest.raises(PlanError, match=r"one row of the environment pass 2 sums needs"):
         _plan.env_blocks(stack, _plan_of(sketch=sketch, chunk=8, task_bytes=2**10), 6)

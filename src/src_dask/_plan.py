@@ -471,13 +471,15 @@ def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
     return kinds
 
 
-def kind_bytes(plan: Plan, kind: str) -> int | None:
+def kind_bytes(plan: Plan, kind: str, cut: bool = False) -> int | None:
     """The memory one pass-2 task of ``kind`` (see :func:`row_bytes`) may use: the
     tasks' share of a worker, but for the environment sum, which runs alone (the
-    next site's tasks need its result), the share of all the worker's threads."""
+    next site's tasks need its result), the share of all the worker's threads.
+    ``cut``: the sum is made in row blocks (:func:`env_blocks`), one running sum per
+    block, and those run side by side, a thread each: one task's share again."""
     if plan.task_bytes is None:
         return None
-    return plan.task_bytes * (plan.threads if kind == "update" else 1)
+    return plan.task_bytes * (plan.threads if kind == "update" and not cut else 1)
 
 
 def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
@@ -491,19 +493,20 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
     if plan.task_bytes is None or plan.cutoff > 0:
         return None
     rows = z_rows(stack, plan, site)
-    left_rows = math.ceil((z_rows(stack, plan, site - 1) if site > 0 else 1)
-                          / env_blocks(stack, plan, site))
+    sums = env_blocks(stack, plan, site)
+    left_rows = math.ceil((z_rows(stack, plan, site - 1) if site > 0 else 1) / sums)
     kinds = row_bytes(stack, site, rows, plan.chunk, left_rows, plan.device)
     if reprojects(stack, plan, site):  # the sketch and the update project their rows
         _, project = kinds.pop("project")
         kinds = {k: (fixed, per + project) for k, (fixed, per) in kinds.items()}
-    fits = {k: (kind_bytes(plan, k) - fixed) // per for k, (fixed, per) in kinds.items()}
+    fits = {k: (kind_bytes(plan, k, sums > 1) - fixed) // per
+            for k, (fixed, per) in kinds.items()}
     worst = min(fits, key=fits.__getitem__)
     if fits[worst] < 1:
         from .errors import PlanError
 
         fixed, per = kinds[worst]
-        budget = kind_bytes(plan, worst)
+        budget = kind_bytes(plan, worst, sums > 1)
         what = (f"one row of the projected core needs about {(fixed + per) / 2**20:.1f} MiB"
                 if fixed < budget else
                 f"pass 2 needs about {fixed / 2**20:.1f} MiB for a block of C_j "
@@ -516,8 +519,9 @@ def z_rows_that_fit(stack: Stack, plan: Plan, site: int) -> int | None:
 def env_blocks(stack: Stack, plan: Plan, site: int) -> int:
     """Row blocks the environment ``S_{site-1}`` is summed in: one where a task may
     hold it whole beside a row of ``Z_site`` (the running sum, its new part and the
-    rows of η that make them); else enough that each block takes at most half of the
-    update's budget, the rest left to the rows of ``Z`` it adds. Each block is then
+    rows of η that make them); else enough that each block takes at most half of one
+    task's share (the blocks' sums run side by side, a thread each), the rest left to
+    the rows of ``Z`` it adds. Each block is then
     the rows of one row block of ``Z_{site-1}``, projected from it alone, so no task
     ever holds the whole environment. A :class:`~src_dask.errors.PlanError` when not
     even one row fits. With a cutoff the bonds are known only as the run goes (see
@@ -529,9 +533,9 @@ def env_blocks(stack: Stack, plan: Plan, site: int) -> int:
     left = math.prod(stack.left_bonds(site))
     ud = stack.up(site) * stack.down(site)
     per_row = (2 * left + rows * ud) * item  # of S_{site-1}: its sum and part, η's row
-    budget = kind_bytes(plan, "update")
-    if q * per_row + left * ud * item <= budget:
+    if q * per_row + left * ud * item <= kind_bytes(plan, "update"):
         return 1
+    budget = kind_bytes(plan, "update", cut=True)  # the blocks' sums run side by side
     fit = budget // 2 // per_row
     if fit < 1:
         from .errors import PlanError
