@@ -113,7 +113,7 @@ MUTANTS = (
            "    return None",
            ("tests/test_plan.py", "-k", "fewer_sites")),
     Mutant("disk: environments host memory cannot keep stay in it", "_api.py",
-           "    if not plan.host_envs or facts.keep is None:",
+           "    if not plan.host_envs or facts.keep is None or _fetched_everywhere(plan, facts):",
            "    if True:",
            ("tests/test_plan.py", "-k", "go_to_disk")),
     Mutant("plan: the blocks of a cut environment sum each take every thread's share",
