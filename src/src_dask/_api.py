@@ -34,6 +34,7 @@ from . import (
     _progress,
     _random,
     _runstore,
+    _shared,
     _transfer,
     config,
 )
@@ -511,71 +512,108 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
                      persist: bool = False, info: RunInfo | None = None) -> TensorTrain:
     """The run as one task on a worker: its graph (laid out for one process) computed
     there by Dask's synchronous scheduler; the inputs travel once, in the task or
-    ahead of it (:func:`_send_inputs`).
+    ahead of it (:func:`_send_inputs`), and a large result, where the worker shares
+    this host's memory, back through it (:mod:`._shared`).
     ``persist``: the cores stay on that worker (see :func:`src`); ``info``: as
     :func:`_run`'s."""
     # the scheduler's info on each worker (``info``, elsewhere; here that is the RunInfo)
     worker_info = client.scheduler_info()["workers"]
     worker, threads = _plan.one_task_worker(worker_info)
-    sent, info = _send_inputs(stack, client, worker, info)
-    graph = _graph.build(stack, plan, sent=sent)
-    weights = _graph.discarded(graph)
-    wanted = [graph.key] + ([weights.key] if weights is not None else [])
-    dsk = dict(graph.__dask_graph__().cull(set(wanted)))
-    if plan.device == "cpu":  # the host's cores, idle meanwhile (tasks.with_threads)
-        here = partial(_graph.tasks.with_threads, threads, _graph.compute_here)
-    else:  # the GPU worker's own threads, each queueing kernels as in-process runs do
-        threads = int(worker_info[worker].get("nthreads") or 1)
-        here = partial(_graph.compute_here, threads=threads)
-    if _plan.own_heap(plan.device, on_cluster=True):  # glibc's malloc (tasks.with_heap)
-        here = partial(_graph.tasks.with_heap, here)
-    log.info("src: %.3g FLOPs: the run is one task on %s (%d threads)", flops, worker,
-             threads)
-    with in_graph(stack):
-        # elsewhere if that worker is lost (its threads then a guess, not a hang)
-        future = client.submit(here, *_graph.seal(dsk), wanted, workers=[worker],
-                               allow_other_workers=True,
-                               key=f"compute_here-{_graph.keys.token_of(graph.key)}")
-    try:
-        if persist:  # one round trip for the cores' shapes and the weights
-            metas, discarded = client.submit(_metas_of, future, pure=False).result()
-            cores = _parts_of(future, metas)
-            rest = [discarded]
-        else:
-            cores, *rest = future.result()
-    except BaseException:  # a failure or an interrupt: nothing left running
-        future.cancel()
-        raise
+    inputs = _in_memory_inputs(stack)
+    back = 0 if persist else stack.result_bytes(plan.chi_out)
+    with _shared_memory(client, worker, sum(map(_kernels.nbytes, inputs.values())),
+                        back) as call:
+        sent, info = _send_inputs(inputs, client, worker, info, call)
+        outbox = None
+        if call is not None and back >= _SEND_AHEAD_BYTES and _shared.room(back):
+            outbox = _shared.Outbox(*call)
+        graph = _graph.build(stack, plan, sent=sent, outbox=outbox)
+        weights = _graph.discarded(graph)
+        wanted = [graph.key] + ([weights.key] if weights is not None else [])
+        dsk = dict(graph.__dask_graph__().cull(set(wanted)))
+        if plan.device == "cpu":  # the host's cores, idle meanwhile (tasks.with_threads)
+            here = partial(_graph.tasks.with_threads, threads, _graph.compute_here)
+        else:  # the GPU worker's own threads, each queueing kernels as in-process runs do
+            threads = int(worker_info[worker].get("nthreads") or 1)
+            here = partial(_graph.compute_here, threads=threads)
+        if _plan.own_heap(plan.device, on_cluster=True):  # glibc's malloc (tasks.with_heap)
+            here = partial(_graph.tasks.with_heap, here)
+        log.info("src: %.3g FLOPs: the run is one task on %s (%d threads)", flops, worker,
+                 threads)
+        with in_graph(stack):
+            # elsewhere if that worker is lost (its threads then a guess, not a hang)
+            future = client.submit(here, *_graph.seal(dsk), wanted, workers=[worker],
+                                   allow_other_workers=True,
+                                   key=f"compute_here-{_graph.keys.token_of(graph.key)}")
+        try:
+            if persist:  # one round trip for the cores' shapes and the weights
+                metas, discarded = client.submit(_metas_of, future, pure=False).result()
+                cores = _parts_of(future, metas)
+                rest = [discarded]
+            else:
+                cores, *rest = future.result()
+                if outbox is not None:  # mapped here, their files removed
+                    cores = [_shared.take(d) for d in cores]
+        except BaseException:  # a failure or an interrupt: nothing left running
+            future.cancel()
+            raise
     return TensorTrain(list(cores), stack.kind, name="result", run_info=dataclasses.replace(
         info or RunInfo(), discarded=rest[0] if rest else None))
 
 
-#: In-memory inputs of fewer bytes ride inside a one-task run's task: sending them
-#: ahead costs a round trip more than they save.
+#: In-memory inputs (and results) of fewer bytes ride inside a one-task run's task (and
+#: its result): sending them ahead costs a round trip more than they save.
 _SEND_AHEAD_BYTES = 16 << 20
 
 
-def _send_inputs(stack: Stack, client: Any, worker: str, info: RunInfo | None
-                 ) -> tuple[dict[int, Any], RunInfo | None]:
-    """The in-memory input cores of ``stack`` (from :data:`_SEND_AHEAD_BYTES` on) sent
-    to ``worker`` ahead of its one task, each once and straight to it (Dask's
-    ``scatter``, not through the scheduler: on one host half the time of carrying them
-    inside the task); their futures by the arrays' ids, and ``info`` saying how many
-    bytes went and in how long (a call's transfer, apart from its run). Only where the
-    client surely reaches the worker (this host's loopback, in-process, or a client
-    made with ``direct_to_workers``): else they travel inside the task."""
-    arrays = {id(c): c for f in stack.factors for j in range(stack.n)
-              if _kernels.is_in_memory(c := f.train.source(j))}
-    nbytes = sum(_kernels.nbytes(c) for c in arrays.values())
-    if nbytes < _SEND_AHEAD_BYTES or not (_on_loopback(worker) or client.direct_to_workers):
+def _in_memory_inputs(stack: Stack) -> dict[int, Any]:
+    """The in-memory input cores of ``stack``, each once, by the arrays' ids."""
+    return {id(c): c for f in stack.factors for j in range(stack.n)
+            if _kernels.is_in_memory(c := f.train.source(j))}
+
+
+@contextlib.contextmanager
+def _shared_memory(client: Any, worker: str, inputs: int, result: int
+                   ) -> Iterator[_shared.Call | None]:
+    """The files of a call whose ``inputs`` or ``result`` bytes go through this host's
+    shared memory to and from ``worker`` (config ``shared-memory``), removed when the
+    call ends; None where they do not: too few bytes, or a worker that does not see
+    this process's files (another host, another container)."""
+    if (max(inputs, result) < _SEND_AHEAD_BYTES or not config.get("shared-memory")
+            or not _shared.reaches(client, worker)):
+        yield None
+        return
+    with _shared.call_files() as call:
+        yield call
+
+
+def _send_inputs(inputs: dict[int, Any], client: Any, worker: str, info: RunInfo | None,
+                 call: _shared.Call | None = None) -> tuple[dict[int, Any], RunInfo | None]:
+    """The in-memory input cores ``inputs`` (from :data:`_SEND_AHEAD_BYTES` on) sent to
+    ``worker`` ahead of its one task, each once and straight to it; what stands for
+    them by the arrays' ids, and ``info`` saying how many bytes went and in how long (a
+    call's transfer, apart from its run). Through this host's shared memory where the
+    ``call`` has files there and room (:mod:`._shared`: one copy by several threads);
+    else by Dask's ``scatter``, not through the scheduler (on one host half the time
+    of carrying them inside the task), only where the client surely reaches the
+    worker (this host's loopback, in-process, or a client made with
+    ``direct_to_workers``). Otherwise they travel inside the task."""
+    nbytes = sum(_kernels.nbytes(c) for c in inputs.values())
+    if nbytes < _SEND_AHEAD_BYTES:
         return {}, info
     start = time.perf_counter()
-    futures = client.scatter(list(arrays.values()), workers=[worker], direct=True,
-                             hash=False)
+    if call is not None and _shared.room(nbytes):
+        how, sent = "through shared memory", _shared.write(list(inputs.values()),
+                                                          call.prefix + "in-")
+    elif _on_loopback(worker) or client.direct_to_workers:
+        how, sent = "by scatter", client.scatter(list(inputs.values()), workers=[worker],
+                                                direct=True, hash=False)
+    else:
+        return {}, info
     seconds = time.perf_counter() - start
-    log.info("src: %s of in-memory inputs sent to %s in %.3g s",
-             dask.utils.format_bytes(nbytes), worker, seconds)
-    return dict(zip(arrays, futures, strict=True)), dataclasses.replace(
+    log.info("src: %s of in-memory inputs sent to %s %s in %.3g s",
+             dask.utils.format_bytes(nbytes), worker, how, seconds)
+    return dict(zip(inputs, sent, strict=True)), dataclasses.replace(
         info or RunInfo(), sent_bytes=nbytes, sent_s=seconds)
 
 

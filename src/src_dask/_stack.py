@@ -242,6 +242,13 @@ class Stack:
         """Size of the output's down (column) leg; 1 for an MPS result."""
         return self._padded[site][-1][3]
 
+    def result_bytes(self, chi_out: int) -> int:
+        """Bytes of the result's cores at most (bonds of at most ``chi_out``)."""
+        bonds = [min(chi_out, r) for r in self._max_ranks[1:]]
+        return self.dtype.itemsize * sum(
+            a * b * self.up(j) * self.down(j)
+            for j, (a, b) in enumerate(zip([1, *bonds], [*bonds, 1], strict=True)))
+
     def input_bytes(self, lazy: bool) -> int:
         """Bytes of the input cores that are lazy (Dask, Zarr: read by the tasks), or
         (``lazy=False``) in memory (they travel inside the graph)."""

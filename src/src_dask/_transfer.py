@@ -191,6 +191,14 @@ def to_host(x: Any) -> np.ndarray:
     return np.array(_pinned_copy(x))
 
 
+def staged(x: Any) -> np.ndarray:
+    """``x`` in host memory, C-contiguous, to be written elsewhere from there: a large
+    CuPy array in a pinned staging buffer (no pageable copy), a NumPy one as it is."""
+    if is_cupy(x) and x.nbytes >= _SMALL:
+        return _pinned_copy(x)
+    return np.ascontiguousarray(to_host(x))
+
+
 def _pinned_copy(x: Any) -> np.ndarray:
     """A CuPy array's copy in pinned host memory, made on this thread's copy stream after
     the kernels that produce it (this thread waits for it; the queued kernels do not)."""
@@ -245,10 +253,7 @@ def to_disk(x: Any, run: str, name: str) -> OnDisk:
     the ``run`` token and ``name``; written to a temporary name and renamed, so a file
     under the final name is complete."""
     path = os.path.join(_directory(), f"{_PREFIX}{run}-{name}")
-    if is_cupy(x) and x.nbytes >= _SMALL:
-        host = _pinned_copy(x)  # written from there: no pageable copy
-    else:
-        host = np.ascontiguousarray(to_host(x))
+    host = staged(x)
     with _metered("disk-write", host.nbytes), open(path + ".part", "wb") as f:
         f.write(host.reshape(-1).view(np.uint8).data)
     os.replace(path + ".part", path)

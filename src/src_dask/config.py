@@ -12,6 +12,7 @@ key                        meaning
 ``memory-fraction``        share of a worker's free memory its tasks may use at once
 ``device-headroom``        share of a GPU's memory no budget counts on
 ``memory-limit``           bytes that override a worker's free memory (or ``auto``)
+``shared-memory``          a one-task run's data to a worker of this host through ``/dev/shm``
 ``block-size``             largest environment block a default ``chunk`` aims for
 ``projection-block-size``  largest projected core made in one piece
 ``copy-inputs``            ``auto``, ``true`` or ``false``: inputs copied between GPUs

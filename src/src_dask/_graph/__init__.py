@@ -27,14 +27,16 @@ __all__ = ["build", "compute_here", "discarded", "keys", "outputs", "task_count"
 
 def build(stack: Stack, plan: Plan, addresses: list[str] | None = None,
           store: RunStore | None = None, progress: Progress | None = None,
-          sent: dict[int, Any] | None = None) -> Delayed:
+          sent: dict[int, Any] | None = None, outbox: Any = None) -> Delayed:
     """The list of output cores of SRC on ``stack`` as one Delayed (one graph).
 
     ``addresses`` (of a distributed cluster's workers) places the column blocks.
     With a run ``store`` the environments and outputs go to disk, the result is a
     list of the output shapes, and ``progress`` says what an earlier run already did.
     ``sent``: futures of in-memory input cores already sent to the workers, by the
-    arrays' ids (``_api._send_inputs``), used in their place.
+    arrays' ids (``_api._send_inputs``), used in their place; ``outbox``: a
+    :class:`~src_dask._shared.Outbox` the output cores go to (a client on the worker's
+    host), the result then their files.
     """
     g = GraphBuilder(SweepPlan.decide(stack, plan, addresses), keys.new_token(), sent)
     todo = pass1.todo(g, progress)
@@ -45,7 +47,7 @@ def build(stack: Stack, plan: Plan, addresses: list[str] | None = None,
         out, weights = _rounding(g, out, plan)
         g.add(keys.discarded(g.token), list, weights)
     results = [g.add(g.name("result", j), tasks.finish, o, kind=stack.kind, site=j, n=stack.n,
-                     store=store, to_host=plan.to_host)
+                     store=store, to_host=plan.to_host, outbox=outbox)
                for j, o in enumerate(out)]
     return g.delayed(g.add(keys.result(g.token), list, results))
 

@@ -11,7 +11,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.utils import key_split
 
-from .. import _arraylike
+from .. import _arraylike, _shared
 from .. import _kernels as K
 from .._integrity import VerifiedArray
 from .._plan import SweepPlan
@@ -26,7 +26,7 @@ class GraphBuilder:
                  ) -> None:
         self.sweep = sweep
         self.token = token
-        self.sent = sent or {}  # id(array): the future of its copy on the cluster
+        self.sent = sent or {}  # id(array): its copy's future, or its file (_shared)
         self.addresses = list(sweep.addresses)
         self.tasks: dict[Any, Any] = {}
         self.inputs: list[da.Array] = []
@@ -101,10 +101,8 @@ class GraphBuilder:
             return key if group is None else self.pin(key, group)
         x = tasks.lazy(x)
         if K.is_in_memory(x):
-            if id(x) in self.sent:  # sent to the worker ahead of the run: its key
-                future = self.sent[id(x)]
-                self.tasks[future.key] = future
-                return future.key
+            if id(x) in self.sent:  # sent to the worker ahead of the run
+                return self._sent(x)
             if self.sweep.groups == 1:
                 return x
             if id(x) not in self._shared:  # the array is held, so its id stays its own
@@ -115,6 +113,19 @@ class GraphBuilder:
         x = x.rechunk(x.shape)
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
+
+    def _sent(self, x: Any) -> Any:
+        """The key of in-memory input ``x`` sent ahead of the run: its future's, or,
+        for a copy in this host's shared memory, that of a task that maps it."""
+        sent = self.sent[id(x)]
+        if not isinstance(sent, _shared.Shared):
+            self.tasks[sent.key] = sent
+            return sent.key
+        if id(x) not in self._shared:
+            key = keys.shared_input()
+            self.tasks[key] = (partial(_shared.read, sent),)
+            self._shared[id(x)] = (x, key)
+        return self._shared[id(x)][1]
 
     def delayed(self, key: str) -> Delayed:
         """The graph as one Delayed computing ``key``."""

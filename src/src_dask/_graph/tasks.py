@@ -16,7 +16,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from .. import _integrity, _oom, _random, _transfer
+from .. import _integrity, _oom, _random, _shared, _transfer
 from .. import _kernels as K
 from .._runstore import RunStore
 
@@ -447,8 +447,9 @@ def first(x: Any, after: Any = None) -> Any:
 
 
 def finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,
-           to_host: bool) -> Any:
-    """The output core in quimb's layout: to the client, or into the store (its shape
+           to_host: bool, outbox: _shared.Outbox | None = None) -> Any:
+    """The output core in quimb's layout: to the client, into the store (its shape
+    returned), or into shared memory for a client on this host (``outbox``: its file
     returned).
 
     Only site 0 (and, after rounding, the last site) carries the norm; the
@@ -460,7 +461,9 @@ def finish(core: Any, *, kind: str, site: int, n: int, store: RunStore | None,
             f"site {site}: the result contains NaN or inf (overflow? rescale the inputs)"
         )
     core = K.xp_of(core).ascontiguousarray(K.unpad(core, kind, site, n))
-    if to_host or store is not None:
-        core = _transfer.to_host(core)
-    return core if store is None else store.write_result(site, core, kind, n)
+    if store is not None:
+        return store.write_result(site, _transfer.to_host(core), kind, n)
+    if outbox is not None:  # copied from the device once, through pinned memory
+        return outbox.put(core, site)
+    return _transfer.to_host(core) if to_host else core
 

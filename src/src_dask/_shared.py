@@ -1,0 +1,284 @@
+"""Arrays between a client and a worker of the same host, through shared memory.
+
+Dask moves a NumPy array from a client to a worker on its own host as it would to
+another host: serialized, through a TCP socket, and copied into the worker's memory
+(about 1 GB/s on the GPU machine, so a χ=1000 MPS's 1.6 GB cost more than its product).
+Here the client writes each large input into a file of ``/dev/shm`` (tmpfs: memory, not
+disk) with several threads, and the worker maps it; a result goes back the same way,
+the worker's task writing each output core as it is final and the client mapping it.
+Each array is copied once, by several threads, and never serialized.
+
+Files are named ``src_dask-shm-<pid>-<call>-<n>``: the client's process id and a token
+of the call. The client removes its call's files when the call ends, however it ends,
+and, at each call, those of its own user's processes that are gone (a client killed
+before it could). Nothing else under ``/dev/shm`` is touched. Space is reserved when a
+file is made (``posix_fallocate``): a full tmpfs is an ``OSError`` there, never a
+``SIGBUS`` at the copy.
+
+A worker uses this path only after it showed it sees the client's files (one probe per
+worker and client), so a worker on the loopback of another container, or of another
+host behind a tunnel, gets its inputs through Dask as before.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import mmap
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import dask.system
+import numpy as np
+
+from . import _transfer
+
+#: Where the files go: a tmpfs on Linux.
+DIRECTORY = "/dev/shm"
+
+_PREFIX = "src_dask-shm-"
+
+#: Arrays are copied in pieces of this many bytes, one thread a piece.
+_PIECE = 64 << 20
+
+#: Part of the free tmpfs a call may fill (the rest stays for whoever else uses it).
+_SHARE_OF_FREE = 0.5
+
+
+class Shared(NamedTuple):
+    """An array in the file ``path`` of shared memory."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+def _reserve(path: str, nbytes: int) -> mmap.mmap | None:
+    """A new file ``path`` of ``nbytes`` (its pages allocated now) mapped for writing
+    (None for no bytes)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        if not nbytes:
+            return None
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            os.remove(path)
+            raise OSError(e.errno, f"{path}: no room for {nbytes} bytes in shared memory "
+                          f"({os.strerror(e.errno)})") from None
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _flat(x: Any) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+
+
+def _threads() -> int:
+    return max(1, min(8, dask.system.CPU_COUNT))
+
+
+def write(arrays: list[Any], prefix: str) -> list[Shared]:
+    """``arrays`` (NumPy; CuPy copied to the host first) as files ``prefix0``,
+    ``prefix1``, …; written by several threads. A failure removes what it wrote."""
+    hosts = [_transfer.staged(x) for x in arrays]
+    out: list[Shared] = []
+    maps: list[mmap.mmap | None] = []
+    try:
+        for i, h in enumerate(hosts):
+            out.append(Shared(f"{prefix}{i}", tuple(h.shape), h.dtype.str, h.nbytes))
+            maps.append(_reserve(out[-1].path, h.nbytes))
+        _copy_into(maps, hosts)
+    except BaseException:
+        for d in out:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(d.path)
+        raise
+    finally:
+        for m in maps:
+            if m is not None:
+                with contextlib.suppress(BufferError):  # a view still held: closed when freed
+                    m.close()
+    return out
+
+
+def _copy_into(maps: list[mmap.mmap | None], hosts: list[np.ndarray]) -> None:
+    """Copy each host array into its map, in pieces of :data:`_PIECE` bytes, one thread
+    a piece (NumPy's copy lets go of the GIL, and the pages were allocated already)."""
+    pairs = [(np.frombuffer(m, np.uint8), _flat(h)) for m, h in zip(maps, hosts, strict=True)
+             if m is not None]
+    jobs = [(d[i:i + _PIECE], s[i:i + _PIECE]) for d, s in pairs
+            for i in range(0, d.size, _PIECE)]
+    if len(jobs) == 1:
+        np.copyto(*jobs[0])
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(len(jobs), _threads())) as pool:
+        for f in [pool.submit(np.copyto, d, s) for d, s in jobs]:
+            f.result()
+
+
+def read(d: Shared, writable: bool = False) -> np.ndarray:
+    """The array of ``d``, mapped (no copy): read-only, or ``writable`` (copy on
+    write: the file never changes). A missing or short file is an error, never zeros."""
+    try:
+        fd = os.open(d.path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{d.path}: an array in shared memory is missing (removed "
+                                "before the run used it: the call was interrupted?)") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != d.nbytes:
+            raise OSError(f"{d.path}: an array in shared memory has {size} bytes of "
+                          f"{d.nbytes}")
+        if not d.nbytes:
+            return np.empty(d.shape, d.dtype)
+        access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+        return np.frombuffer(mmap.mmap(fd, d.nbytes, access=access),
+                             np.dtype(d.dtype)).reshape(d.shape)
+    finally:
+        os.close(fd)
+
+
+class Outbox:
+    """Where a worker's task puts output cores for a client on its host: files of the
+    call's ``prefix``, made only while the call's ``marker`` exists (a call that ended
+    removed it, and then its files; a file made after that is removed here)."""
+
+    def __init__(self, prefix: str, marker: str) -> None:
+        self.prefix, self.marker = prefix, marker
+
+    def put(self, core: Any, site: int) -> Shared:
+        if not os.path.exists(self.marker):
+            raise RuntimeError(f"{self.marker}: the call this run's result was for ended")
+        (d,) = write([core], f"{self.prefix}out-{site}-")
+        if not os.path.exists(self.marker):  # ended meanwhile: it may not have seen d
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(d.path)
+            raise RuntimeError(f"{self.marker}: the call this run's result was for ended")
+        return d
+
+
+def take(d: Shared) -> np.ndarray:
+    """The array of ``d`` for the client (mapped, writable), its file removed: the
+    memory stays the array's until it is freed."""
+    try:
+        return read(d, writable=True)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(d.path)
+
+
+# -- one call's files ----------------------------------------------------------------
+class Call(NamedTuple):
+    """The files of one call: ``prefix`` of every name, and the ``marker`` that lives
+    as long as the call does (:class:`Outbox`)."""
+
+    prefix: str
+    marker: str
+
+
+@contextlib.contextmanager
+def call_files() -> Iterator[Call]:
+    """A call's file names, its marker made; on leaving, the marker and then every
+    file of the call removed (whatever the call left: inputs, unread results)."""
+    remove_stale()
+    prefix = os.path.join(DIRECTORY, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}-")
+    marker = prefix + "call"
+    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    try:
+        yield Call(prefix, marker)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+        _remove(os.path.basename(prefix))
+
+
+def _remove(start: str) -> int:
+    """Remove the files of ``DIRECTORY`` whose names start with ``start`` (one of this
+    module's prefixes); their count."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(DIRECTORY):
+            if name.startswith(start):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(DIRECTORY, name))
+                    removed += 1
+    return removed
+
+
+def remove_stale() -> int:
+    """Remove the files left by this user's processes that are gone (killed before
+    they could); their count."""
+    removed, uid = 0, os.getuid()
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(DIRECTORY):
+            pid = name[len(_PREFIX):].split("-", 1)[0]
+            if not (name.startswith(_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(os.path.join(DIRECTORY, name)).st_uid == uid:
+                    os.remove(os.path.join(DIRECTORY, name))
+                    removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+# -- which workers see this host's shared memory ----------------------------------------
+#: Per worker (address and id): whether it sees this process's files.
+_seen: dict[tuple[str, str], bool] = {}
+_seen_lock = threading.Lock()
+
+
+def room(nbytes: int) -> bool:
+    """Whether ``nbytes`` more fit the free shared memory (within :data:`_SHARE_OF_FREE`)."""
+    try:
+        st = os.statvfs(DIRECTORY)
+    except OSError:
+        return False
+    return nbytes <= _SHARE_OF_FREE * st.f_bavail * st.f_frsize
+
+
+def reaches(client: Any, worker: str) -> bool:
+    """Whether ``worker`` of ``client`` sees this process's shared memory: asked once
+    per worker with a file of random bytes only this process made."""
+    if not os.path.isdir(DIRECTORY):
+        return False
+    ident = client.scheduler_info()["workers"].get(worker, {}).get("id", "")
+    with _seen_lock:
+        if (worker, ident) in _seen:
+            return _seen[(worker, ident)]
+    with call_files() as call:
+        secret = secrets.token_bytes(16)
+        path = call.prefix + "probe"
+        with open(path, "wb") as f:
+            f.write(secret)
+        try:
+            seen = client.run(_holds, path, secret, workers=[worker]).get(worker, False)
+        except Exception:  # a worker gone, or one that cannot answer: not through here
+            seen = False
+    with _seen_lock:
+        _seen[(worker, ident)] = bool(seen)
+    return bool(seen)
+
+
+def _holds(path: str, secret: bytes) -> bool:
+    """Whether the file ``path`` holds ``secret`` (run on a worker)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(secret) + 1) == secret
+    except OSError:
+        return False
