@@ -293,6 +293,41 @@ def test_a_run_that_fits_one_gpu_worker_is_one_task_of_its_threads(monkeypatch):
 
 
 @pytest.mark.timeout(300)
+def test_a_gpu_workers_one_task_takes_numpy_through_shared_memory(monkeypatch, caplog):
+    """A one-task run on a GPU worker of this host takes its NumPy inputs and gives its
+    result through shared memory (the cores copied from the device once, into the
+    files the client maps), with the CPU's cores, and leaves no file; the same with the
+    config off goes through Dask's comm."""
+    import mmap
+
+    from distributed import Client
+
+    from src_dask import _shared
+
+    monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 1e12)
+    a, x = random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)  # 25 MB of inputs
+    ref = _on("cpu", a, x, chi_out=256, seed=3)
+
+    def mapped(c):
+        while isinstance(c, np.ndarray | memoryview):
+            c = c.base if isinstance(c, np.ndarray) else c.obj
+        return isinstance(c, mmap.mmap)
+
+    with src_dask.cluster(gpus=1, dashboard_address=":0") as cluster, Client(cluster) as client:
+        for on in (True, False):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="src_dask"), \
+                    dask.config.set({"src_dask.shared-memory": on}):
+                y = src_dask.apply(a, x, chi_out=256, seed=3, client=client)
+            assert any(("through shared memory" if on else "by scatter") in r.message
+                       for r in caplog.records)
+            assert all(mapped(c) == on for c in y)
+            _same(y, ref, tol=1e-10, dense=False)
+    assert not [n for n in os.listdir(_shared.DIRECTORY)
+                if n.startswith(f"{_shared._PREFIX}{os.getpid()}-")]
+
+
+@pytest.mark.timeout(300)
 def test_the_command_line_runs_on_the_gpus(tmp_path, capsys):
     """``src-dask run --gpus 1`` (a local dask-cuda cluster of one worker) writes the
     result the threaded CPU run computes, and says so on one line."""

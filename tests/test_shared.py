@@ -130,7 +130,7 @@ def one_task_problem(monkeypatch):
     """An MPO·MPS whose inputs (and result) are large enough to go ahead of the task
     (from 1 MiB here), as NumPy, run as one task on a cluster, and its product on
     Dask's threads."""
-    monkeypatch.setattr(src_dask._api, "_SEND_AHEAD_BYTES", 1 << 20)
+    monkeypatch.setattr(_api, "_SEND_AHEAD_BYTES", 1 << 20)
     monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 1e12)
     a = [np.asarray(c) for c in random_mpo(16, 3, seed=1)]
     x = [np.asarray(c) for c in random_mps(16, 100, seed=2)]
