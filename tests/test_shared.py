@@ -113,6 +113,24 @@ def test_a_call_removes_its_files_however_it_ends_and_its_outbox_closes(shm_dir)
 
 
 @pytest.mark.timeout(30)
+def test_an_outbox_whose_call_ends_while_it_writes_removes_its_file(shm_dir, monkeypatch):
+    """The call ending between the outbox's first look at its marker and the file's
+    completion (the client may then have removed the call's files already): the
+    outbox removes the file it made itself."""
+    write = _shared.write
+    with _shared.call_files() as call:
+        def racing(arrays, prefix):
+            out = write(arrays, prefix)
+            os.remove(call.marker)  # the client's cleanup, between the two looks
+            return out
+
+        monkeypatch.setattr(_shared, "write", racing)
+        with pytest.raises(RuntimeError, match="ended"):
+            _shared.Outbox(*call).put(np.ones((2, 2)), 0)
+        assert _ours(str(shm_dir)) == []
+
+
+@pytest.mark.timeout(30)
 def test_files_of_processes_that_are_gone_are_removed_and_nothing_else(shm_dir):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
