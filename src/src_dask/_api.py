@@ -521,8 +521,8 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     worker, threads = _plan.one_task_worker(worker_info)
     inputs = _in_memory_inputs(stack)
     back = 0 if persist else stack.result_bytes(plan.chi_out)
-    with _shared_memory(client, worker, sum(map(_kernels.nbytes, inputs.values())),
-                        back) as call:
+    with _shared_memory(client, worker, worker_info[worker].get("id", ""),
+                        sum(map(_kernels.nbytes, inputs.values())), back) as call:
         sent, info = _send_inputs(inputs, client, worker, info, call)
         outbox = None
         if call is not None and back >= _SEND_AHEAD_BYTES and _shared.room(back):
@@ -573,14 +573,15 @@ def _in_memory_inputs(stack: Stack) -> dict[int, Any]:
 
 
 @contextlib.contextmanager
-def _shared_memory(client: Any, worker: str, inputs: int, result: int
+def _shared_memory(client: Any, worker: str, ident: str, inputs: int, result: int
                    ) -> Iterator[_shared.Call | None]:
     """The files of a call whose ``inputs`` or ``result`` bytes go through this host's
-    shared memory to and from ``worker`` (config ``shared-memory``), removed when the
+    shared memory to and from ``worker`` (``ident``: the scheduler's id of it; config
+    ``shared-memory``), removed when the
     call ends; None where they do not: too few bytes, or a worker that does not see
     this process's files (another host, another container)."""
     if (max(inputs, result) < _SEND_AHEAD_BYTES or not config.get("shared-memory")
-            or not _shared.reaches(client, worker)):
+            or not _shared.reaches(client, worker, ident)):
         yield None
         return
     with _shared.call_files() as call:

@@ -252,12 +252,12 @@ def room(nbytes: int) -> bool:
     return nbytes <= _SHARE_OF_FREE * st.f_bavail * st.f_frsize
 
 
-def reaches(client: Any, worker: str) -> bool:
-    """Whether ``worker`` of ``client`` sees this process's shared memory: asked once
-    per worker with a file of random bytes only this process made."""
+def reaches(client: Any, worker: str, ident: str) -> bool:
+    """Whether ``worker`` of ``client`` (its address, and the ``id`` the scheduler
+    gives it) sees this process's shared memory: asked once per worker with a file of
+    random bytes only this process made."""
     if not os.path.isdir(DIRECTORY):
         return False
-    ident = client.scheduler_info()["workers"].get(worker, {}).get("id", "")
     with _seen_lock:
         if (worker, ident) in _seen:
             return _seen[(worker, ident)]
