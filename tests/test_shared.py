@@ -214,3 +214,34 @@ def test_a_worker_that_does_not_see_the_files_gets_the_inputs_by_dask(
     assert any("by scatter" in r.message for r in caplog.records)
     assert not any(_mapped(c) for c in y) and close_cores(y, ref)
     assert not any(_shared._seen.values()) and _shared._seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", [False, True])
+def test_a_graph_of_many_tasks_takes_its_inputs_through_shared_memory_too(
+        cluster_client, one_task_problem, many_tasks, caplog, tmp_path, store):
+    """A run that is a graph on workers that all share this host's memory: every worker
+    maps the inputs it uses (the graph carries no input's bytes), the cores come back
+    as maps (into a run store: there), equal to the threaded run's, and no file is left."""
+    from distributed.protocol.pickle import dumps
+
+    a, x, ref = one_task_problem
+    compute, sizes = cluster_client.compute, []
+
+    def measured(collections, *args, **kwargs):
+        sizes.append(len(dumps([c.__dask_graph__() for c in collections])))
+        return compute(collections, *args, **kwargs)
+
+    with caplog.at_level(logging.INFO, logger="src_dask"), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster_client, "compute", measured)
+        y = src_dask.apply(a, x, chi_out=100, seed=3, client=cluster_client,
+                           store=str(tmp_path / "run") if store else None)
+    assert any("the workers through shared memory" in r.message for r in caplog.records)
+    inputs = sum(c.nbytes for c in a + x)
+    if not store:  # a run store's result says what the store holds, not the call
+        assert y.run_info.sent_bytes == inputs
+    assert sizes and max(sizes) < inputs / 4  # the inputs' bytes are not in the graph
+    assert all(_mapped(c) for c in y) != store
+    assert close_cores(y, ref)
+    assert [n for n in _ours() if f"-{os.getpid()}-" in n] == []

@@ -429,18 +429,26 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
             return _run_in_one_task(stack, plan, client, flops, persist, info)
     summary = _progress.describe(stack, plan, client)
     addresses = _addresses(client)
-    graph = _graph.build(stack, plan, addresses, None if run is None else run.store, resume)
-    _warn_of_a_slow_link(stack, plan, client, addresses)
-    if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
-        log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
-                                          _graph.task_count(graph)))
-    # In-memory inputs travel inside the graph (not scattered: a lost worker
-    # would lose them for good); the graph is as large as they are, by design.
-    with in_graph(stack), _files_removed(graph, plan, client), \
-            ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, addresses)), \
-            _progress.watch(graph, client, progress, performance_report, summary):
-        cores, weights = _compute(graph, client, launch_only=not plan.to_host,
-                                  persist=persist)
+    inputs = _in_memory_inputs(stack)
+    back = 0 if persist or run is not None else stack.result_bytes(plan.chi_out)
+    # In-memory inputs travel inside the graph (not scattered: a lost worker would lose
+    # them for good), or where every worker shares this host's memory, through it (the
+    # files last as long as the call: a task run again finds them).
+    with _shared_memory(client, addresses or [], sum(map(_kernels.nbytes, inputs.values())),
+                        back) as call:
+        sent, info = _send_inputs(inputs, client, None, info, call)
+        outbox = _outbox(call, back)
+        graph = _graph.build(stack, plan, addresses, None if run is None else run.store,
+                             resume, sent=sent, outbox=outbox)
+        _warn_of_a_slow_link(stack, plan, client, addresses)
+        if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
+            log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
+                                              _graph.task_count(graph)))
+        with in_graph(stack), _files_removed(graph, plan, client), \
+                ucx_waits_for_default_stream(client, _plan.stream_sync(plan.device, addresses)), \
+                _progress.watch(graph, client, progress, performance_report, summary):
+            cores, weights = _compute(graph, client, launch_only=not plan.to_host,
+                                      persist=persist, outbox=outbox is not None)
     if weights is not None:
         worst = max(range(len(weights)), key=weights.__getitem__)
         log.info("src: rounding discarded at most %.3g of the weight (bond %d), %.3g in all",
@@ -521,12 +529,10 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     worker, threads = _plan.one_task_worker(worker_info)
     inputs = _in_memory_inputs(stack)
     back = 0 if persist else stack.result_bytes(plan.chi_out)
-    with _shared_memory(client, worker, worker_info[worker].get("id", ""),
-                        sum(map(_kernels.nbytes, inputs.values())), back) as call:
+    with _shared_memory(client, [worker], sum(map(_kernels.nbytes, inputs.values())),
+                        back) as call:
         sent, info = _send_inputs(inputs, client, worker, info, call)
-        outbox = None
-        if call is not None and back >= _SEND_AHEAD_BYTES and _shared.room(back):
-            outbox = _shared.Outbox(*call)
+        outbox = _outbox(call, back)
         graph = _graph.build(stack, plan, sent=sent, outbox=outbox)
         weights = _graph.discarded(graph)
         wanted = [graph.key] + ([weights.key] if weights is not None else [])
@@ -573,32 +579,44 @@ def _in_memory_inputs(stack: Stack) -> dict[int, Any]:
 
 
 @contextlib.contextmanager
-def _shared_memory(client: Any, worker: str, ident: str, inputs: int, result: int
+def _shared_memory(client: Any, workers: list[str], inputs: int, result: int
                    ) -> Iterator[_shared.Call | None]:
     """The files of a call whose ``inputs`` or ``result`` bytes go through this host's
-    shared memory to and from ``worker`` (``ident``: the scheduler's id of it; config
-    ``shared-memory``), removed when the
-    call ends; None where they do not: too few bytes, or a worker that does not see
-    this process's files (another host, another container)."""
-    if (max(inputs, result) < _SEND_AHEAD_BYTES or not config.get("shared-memory")
-            or not _shared.reaches(client, worker, ident)):
+    shared memory to and from ``workers`` (config ``shared-memory``), removed when the
+    call ends; None where they do not: no client, too few bytes, or a worker that does
+    not see this process's files (another host, another container)."""
+    if (client is None or not workers or max(inputs, result) < _SEND_AHEAD_BYTES
+            or not config.get("shared-memory")):
+        yield None
+        return
+    info = client.scheduler_info()["workers"]
+    if not all(_shared.reaches(client, w, info.get(w, {}).get("id", "")) for w in workers):
         yield None
         return
     with _shared.call_files() as call:
         yield call
 
 
-def _send_inputs(inputs: dict[int, Any], client: Any, worker: str, info: RunInfo | None,
-                 call: _shared.Call | None = None) -> tuple[dict[int, Any], RunInfo | None]:
-    """The in-memory input cores ``inputs`` (from :data:`_SEND_AHEAD_BYTES` on) sent to
-    ``worker`` ahead of its one task, each once and straight to it; what stands for
-    them by the arrays' ids, and ``info`` saying how many bytes went and in how long (a
-    call's transfer, apart from its run). Through this host's shared memory where the
-    ``call`` has files there and room (:mod:`._shared`: one copy by several threads);
-    else by Dask's ``scatter``, not through the scheduler (on one host half the time
-    of carrying them inside the task), only where the client surely reaches the
-    worker (this host's loopback, in-process, or a client made with
-    ``direct_to_workers``). Otherwise they travel inside the task."""
+def _outbox(call: _shared.Call | None, nbytes: int) -> _shared.Outbox | None:
+    """Where the output cores go for a ``call`` through shared memory: an outbox where
+    the result (at most ``nbytes``) is worth it and fits, else None (Dask's comm)."""
+    if call is None or nbytes < _SEND_AHEAD_BYTES or not _shared.room(nbytes):
+        return None
+    return _shared.Outbox(*call)
+
+
+def _send_inputs(inputs: dict[int, Any], client: Any, worker: str | None,
+                 info: RunInfo | None, call: _shared.Call | None = None
+                 ) -> tuple[dict[int, Any], RunInfo | None]:
+    """The in-memory input cores ``inputs`` (from :data:`_SEND_AHEAD_BYTES` on) sent
+    ahead of the run, each once; what stands for them by the arrays' ids, and ``info``
+    saying how many bytes went and in how long (a call's transfer, apart from its
+    run). Through this host's shared memory where the ``call`` has files there and
+    room (:mod:`._shared`: one copy by several threads); else, to the ``worker`` of a
+    one-task run, by Dask's ``scatter``, straight to it (on one host half the time of
+    carrying them inside the task), only where the client surely reaches it (this
+    host's loopback, in-process, or a client made with ``direct_to_workers``).
+    Otherwise (or with no ``worker``: a graph) they travel inside the graph."""
     nbytes = sum(_kernels.nbytes(c) for c in inputs.values())
     if nbytes < _SEND_AHEAD_BYTES:
         return {}, info
@@ -606,14 +624,14 @@ def _send_inputs(inputs: dict[int, Any], client: Any, worker: str, info: RunInfo
     if call is not None and _shared.room(nbytes):
         how, sent = "through shared memory", _shared.write(list(inputs.values()),
                                                           call.prefix + "in-")
-    elif _on_loopback(worker) or client.direct_to_workers:
+    elif worker is not None and (_on_loopback(worker) or client.direct_to_workers):
         how, sent = "by scatter", client.scatter(list(inputs.values()), workers=[worker],
                                                 direct=True, hash=False)
     else:
         return {}, info
     seconds = time.perf_counter() - start
     log.info("src: %s of in-memory inputs sent to %s %s in %.3g s",
-             dask.utils.format_bytes(nbytes), worker, how, seconds)
+             dask.utils.format_bytes(nbytes), worker or "the workers", how, seconds)
     return dict(zip(inputs, sent, strict=True)), dataclasses.replace(
         info or RunInfo(), sent_bytes=nbytes, sent_s=seconds)
 
@@ -685,8 +703,8 @@ def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
         log.warning(text)
 
 
-def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool = False
-             ) -> tuple[list[Any], list[float] | None]:
+def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool = False,
+             outbox: bool = False) -> tuple[list[Any], list[float] | None]:
     """The output cores of ``graph`` and the weights its rounding discards (None without
     rounding). On a cluster each core travels to the client as
     soon as it is final, while pass 2 goes on (still one graph, one submission),
@@ -697,7 +715,8 @@ def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool =
     so threads have nothing to overlap and Dask's synchronous scheduler, with half
     the threaded one's overhead a task, runs the graph, unless the Dask config
     names a scheduler. ``persist``: the cores stay on the cluster (Dask arrays over
-    them; see :func:`src`).
+    them; see :func:`src`). ``outbox``: the graph's output cores are files of shared
+    memory (``_graph.build``), each mapped here as it comes.
     """
     weights = _graph.discarded(graph)
     if client is None:
@@ -716,10 +735,12 @@ def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool =
             client.cancel(futures)
             raise
     where = {f.key: j for j, f in enumerate(futures)}
+    n_cores = len(futures) - (weights is not None)
     out: list[Any] = [None] * len(futures)
     try:
         for future, value in as_completed(futures, loop=client.loop, with_results=True):
-            out[where[future.key]] = value
+            j = where[future.key]
+            out[j] = _shared.take(value) if outbox and j < n_cores else value
             future.release()
     except BaseException:  # a failure or an interrupt stops the rest of the run
         client.cancel(futures)

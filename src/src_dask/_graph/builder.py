@@ -32,6 +32,7 @@ class GraphBuilder:
         self.inputs: list[da.Array] = []
         self.placement: dict[Any, str] = {}
         self._shared: dict[int, tuple[Any, Any]] = {}  # id(array): (array, its data key)
+        self._mapped: dict[tuple[int, int | None], Any] = {}  # (id(array), group): its map
         self._signals: dict[Any, Any] = {}
 
     @property
@@ -101,8 +102,8 @@ class GraphBuilder:
             return key if group is None else self.pin(key, group)
         x = tasks.lazy(x)
         if K.is_in_memory(x):
-            if id(x) in self.sent:  # sent to the worker ahead of the run
-                return self._sent(x)
+            if id(x) in self.sent:  # sent to the workers ahead of the run
+                return self._sent(x, group)
             if self.sweep.groups == 1:
                 return x
             if id(x) not in self._shared:  # the array is held, so its id stays its own
@@ -114,18 +115,19 @@ class GraphBuilder:
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
 
-    def _sent(self, x: Any) -> Any:
+    def _sent(self, x: Any, group: int | None) -> Any:
         """The key of in-memory input ``x`` sent ahead of the run: its future's, or,
-        for a copy in this host's shared memory, that of a task that maps it."""
+        for a copy in this host's shared memory, that of a task that maps it (on
+        ``group``'s worker: each worker that uses it maps its own)."""
         sent = self.sent[id(x)]
         if not isinstance(sent, _shared.Shared):
             self.tasks[sent.key] = sent
             return sent.key
-        if id(x) not in self._shared:
+        if (id(x), group) not in self._mapped:
             key = keys.shared_input()
             self.tasks[key] = (partial(_shared.read, sent),)
-            self._shared[id(x)] = (x, key)
-        return self._shared[id(x)][1]
+            self._mapped[id(x), group] = key if group is None else self.pin(key, group)
+        return self._mapped[id(x), group]
 
     def delayed(self, key: str) -> Delayed:
         """The graph as one Delayed computing ``key``."""
