@@ -44,6 +44,8 @@ _PREFIX = "src_dask-shm-"
 #: Arrays are copied in pieces of this many bytes, one thread a piece.
 _PIECE = 64 << 20
 
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+
 #: Part of the free tmpfs a call may fill (the rest stays for whoever else uses it).
 _SHARE_OF_FREE = 0.5
 
@@ -137,8 +139,11 @@ def read(d: Shared, writable: bool = False) -> np.ndarray:
                           f"{d.nbytes}")
         if not d.nbytes:
             return np.empty(d.shape, d.dtype)
-        access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
-        return np.frombuffer(mmap.mmap(fd, d.nbytes, access=access),
+        # private (copy on write) where writable; its page tables filled at once, as
+        # an array of the reader's own would have them (not a fault per page later)
+        flags = (mmap.MAP_PRIVATE if writable else mmap.MAP_SHARED) | _POPULATE
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return np.frombuffer(mmap.mmap(fd, d.nbytes, flags=flags, prot=prot),
                              np.dtype(d.dtype)).reshape(d.shape)
     finally:
         os.close(fd)
