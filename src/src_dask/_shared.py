@@ -87,41 +87,36 @@ def _threads() -> int:
 
 def write(arrays: list[Any], prefix: str) -> list[Shared]:
     """``arrays`` (NumPy; CuPy copied to the host first) as files ``prefix0``,
-    ``prefix1``, …; written by several threads. A failure removes what it wrote."""
+    ``prefix1``, …; made and filled by several threads. A failure removes what it
+    wrote."""
     hosts = [_transfer.staged(x) for x in arrays]
-    out: list[Shared] = []
-    maps: list[mmap.mmap | None] = []
+    out = [Shared(f"{prefix}{i}", tuple(h.shape), h.dtype.str, h.nbytes)
+           for i, h in enumerate(hosts)]
     try:
-        for i, h in enumerate(hosts):
-            out.append(Shared(f"{prefix}{i}", tuple(h.shape), h.dtype.str, h.nbytes))
-            maps.append(_reserve(out[-1].path, h.nbytes))
-        _copy_into(maps, hosts)
+        with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
+            # each file's pages allocated (zeroed) by a thread of its own
+            maps = list(pool.map(_reserve, [d.path for d in out], [d.nbytes for d in out]))
+            _copy_into(maps, hosts, pool)
     except BaseException:
         for d in out:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(d.path)
         raise
-    finally:
-        for m in maps:
-            if m is not None:
-                with contextlib.suppress(BufferError):  # a view still held: closed when freed
-                    m.close()
+    for m in maps:
+        if m is not None:
+            m.close()
     return out
 
 
-def _copy_into(maps: list[mmap.mmap | None], hosts: list[np.ndarray]) -> None:
-    """Copy each host array into its map, in pieces of :data:`_PIECE` bytes, one thread
-    a piece (NumPy's copy lets go of the GIL, and the pages were allocated already)."""
+def _copy_into(maps: list[mmap.mmap | None], hosts: list[np.ndarray], pool: Any) -> None:
+    """Copy each host array into its map, in pieces of :data:`_PIECE` bytes over
+    ``pool`` (NumPy's copy lets go of the GIL, and the pages were allocated already)."""
     pairs = [(np.frombuffer(m, np.uint8), _flat(h)) for m, h in zip(maps, hosts, strict=True)
              if m is not None]
-    jobs = [(d[i:i + _PIECE], s[i:i + _PIECE]) for d, s in pairs
+    jobs = [pool.submit(np.copyto, d[i:i + _PIECE], s[i:i + _PIECE]) for d, s in pairs
             for i in range(0, d.size, _PIECE)]
-    if len(jobs) == 1:
-        np.copyto(*jobs[0])
-        return
-    with concurrent.futures.ThreadPoolExecutor(min(len(jobs), _threads())) as pool:
-        for f in [pool.submit(np.copyto, d, s) for d, s in jobs]:
-            f.result()
+    for f in jobs:
+        f.result()
 
 
 def read(d: Shared, writable: bool = False) -> np.ndarray:
