@@ -626,14 +626,15 @@ def test_inputs_go_ahead_only_to_workers_the_client_surely_reaches():
 def test_a_one_task_runs_large_numpy_inputs_go_to_its_worker_once_ahead_of_it(
         cluster_client, monkeypatch):
     """Large in-memory inputs of a run that is one task go to its worker once and
-    straight (Dask's scatter), not inside the task through the scheduler: what the
-    client submits holds none of their bytes, the result says how many bytes went
-    ahead, and it is the threaded run's. Small inputs ride in the task (one round trip
-    fewer)."""
+    straight (Dask's scatter, where shared memory is off: test_shared.py has it on),
+    not inside the task through the scheduler: what the client submits holds none of
+    their bytes, the result says how many bytes went ahead, and it is the threaded
+    run's. Small inputs ride in the task (one round trip fewer)."""
     from distributed.protocol.pickle import dumps
 
     from src_dask import _api
 
+    monkeypatch.setitem(dask.config.config["src_dask"], "shared-memory", False)
     a, x = random_mpo(8, 3, seed=1), random_mps(8, 40, seed=2)
     inputs = sum(c.nbytes for t in (a, x) for c in t)
     ref = src_dask.apply(a, x, chi_out=20, seed=3)
