@@ -134,9 +134,10 @@ def read(d: Shared, writable: bool = False) -> np.ndarray:
                           f"{d.nbytes}")
         if not d.nbytes:
             return np.empty(d.shape, d.dtype)
-        # private (copy on write) where writable; its page tables filled at once, as
-        # an array of the reader's own would have them (not a fault per page later)
-        flags = (mmap.MAP_PRIVATE if writable else mmap.MAP_SHARED) | _POPULATE
+        # the client's: private (copy on write), its page tables filled at once, as an
+        # array of its own would have them (not a fault per page later); the worker's:
+        # pages come in as its tasks read them (what it holds grows with its reads)
+        flags = mmap.MAP_PRIVATE | _POPULATE if writable else mmap.MAP_SHARED
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         return np.frombuffer(mmap.mmap(fd, d.nbytes, flags=flags, prot=prot),
                              np.dtype(d.dtype)).reshape(d.shape)

@@ -103,7 +103,7 @@ class GraphBuilder:
         x = tasks.lazy(x)
         if K.is_in_memory(x):
             if id(x) in self.sent:  # sent to the workers ahead of the run
-                return self._sent(x, group)
+                return self._sent(x, after, group)
             if self.sweep.groups == 1:
                 return x
             if id(x) not in self._shared:  # the array is held, so its id stays its own
@@ -115,17 +115,18 @@ class GraphBuilder:
         self.inputs.append(x)
         return (x.name,) + (0,) * x.ndim
 
-    def _sent(self, x: Any, group: int | None) -> Any:
+    def _sent(self, x: Any, after: Any, group: int | None) -> Any:
         """The key of in-memory input ``x`` sent ahead of the run: its future's, or,
-        for a copy in this host's shared memory, that of a task that maps it (on
-        ``group``'s worker: each worker that uses it maps its own)."""
+        for a copy in this host's shared memory, that of a task that maps it once
+        ``after`` has run (as a read would be) on ``group``'s worker (each worker that
+        uses it maps its own)."""
         sent = self.sent[id(x)]
         if not isinstance(sent, _shared.Shared):
             self.tasks[sent.key] = sent
             return sent.key
         if (id(x), group) not in self._mapped:
             key = keys.shared_input()
-            self.tasks[key] = (partial(_shared.read, sent),)
+            self.tasks[key] = (partial(tasks.read_shared, sent), after)
             self._mapped[id(x), group] = key if group is None else self.pin(key, group)
         return self._mapped[id(x), group]
 

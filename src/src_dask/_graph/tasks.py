@@ -123,6 +123,12 @@ def is_stored(x: Any) -> bool:
     return not (isinstance(x, da.Array) or K.is_in_memory(x))
 
 
+def read_shared(d: _shared.Shared, after: Any = None) -> Any:
+    """An in-memory input the client put in this host's shared memory, mapped (read
+    once ``after`` has run: see ``GraphBuilder.array``)."""
+    return _shared.read(d)
+
+
 def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
     """A whole Zarr array, in host memory (a GPU run moves it in ``prepare_core``
     through pinned memory on a copy stream: faster than zarr's GPU buffers,
