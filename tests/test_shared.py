@@ -245,3 +245,19 @@ def test_a_graph_of_many_tasks_takes_its_inputs_through_shared_memory_too(
     assert all(_mapped(c) for c in y) != store
     assert close_cores(y, ref)
     assert [n for n in _ours() if f"-{os.getpid()}-" in n] == []
+
+
+@pytest.mark.timeout(120)
+def test_workers_in_this_process_get_the_arrays_themselves(one_task_problem, caplog):
+    """A cluster of threads in this process: Dask hands its worker the arrays
+    themselves, so nothing goes through shared memory (a copy for nothing)."""
+    from distributed import Client, LocalCluster
+
+    a, x, ref = one_task_problem
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client, \
+            caplog.at_level(logging.INFO, logger="src_dask"):
+        y = src_dask.apply(a, x, chi_out=100, seed=3, client=client)
+    sent = [r.message for r in caplog.records if "in-memory inputs sent" in r.message]
+    assert len(sent) == 1 and "by scatter" in sent[0]
+    assert not any(_mapped(c) for c in y) and close_cores(y, ref)

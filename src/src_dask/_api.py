@@ -583,10 +583,12 @@ def _shared_memory(client: Any, workers: list[str], inputs: int, result: int
                    ) -> Iterator[_shared.Call | None]:
     """The files of a call whose ``inputs`` or ``result`` bytes go through this host's
     shared memory to and from ``workers`` (config ``shared-memory``), removed when the
-    call ends; None where they do not: no client, too few bytes, or a worker that does
-    not see this process's files (another host, another container)."""
+    call ends; None where they do not: no client, too few bytes, a worker in this
+    process (Dask hands it the arrays themselves), or one that does not see this
+    process's files (another host, another container)."""
     if (client is None or not workers or max(inputs, result) < _SEND_AHEAD_BYTES
-            or not config.get("shared-memory")):
+            or not config.get("shared-memory")
+            or any(w.startswith("inproc://") for w in workers)):
         yield None
         return
     info = client.scheduler_info()["workers"]
