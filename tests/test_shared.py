@@ -3,6 +3,7 @@ the files, their removal, and a one-task run's inputs and result going that way.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import mmap
@@ -261,3 +262,48 @@ def test_workers_in_this_process_get_the_arrays_themselves(one_task_problem, cap
     sent = [r.message for r in caplog.records if "in-memory inputs sent" in r.message]
     assert len(sent) == 1 and "by scatter" in sent[0]
     assert not any(_mapped(c) for c in y) and close_cores(y, ref)
+
+
+@pytest.mark.timeout(60)
+def test_a_graph_maps_each_input_where_and_when_it_would_read_it(shm_dir, many_tasks):
+    """In a graph on two workers, each worker that uses an input maps its own copy (a
+    task placed there: none crosses between them), and a site's maps wait for the step
+    its reads would wait for (so a worker's pages come in a few sites ahead, not all
+    at the start); the graph's result equals the plain graph's."""
+    from dask.core import get_dependencies
+
+    from src_dask import _graph, _plan, _random
+    from src_dask._stack import make_stack
+
+    a = [np.asarray(c) for c in random_mpo(16, 3, seed=1)]
+    x = [np.asarray(c) for c in random_mps(16, 16, seed=2)]
+    stack = make_stack((a, x))
+    plan = _plan.Plan(sketch=8, chunk=4, chi_out=8, cutoff=0.0, key=_random.seed_key(0),
+                      round=False)
+    with _shared.call_files() as call:
+        arrays = {id(c): c for t in (a, x) for c in t}
+        sent = dict(zip(arrays, _shared.write(list(arrays.values()), call.prefix + "in-"),
+                        strict=True))
+        # two GPU workers: each prepares its own copy of the inputs (its own group)
+        for addresses, device in ((None, "cpu"), (["w0", "w1"], "gpu")):
+            graph = _graph.build(stack, dataclasses.replace(plan, device=device), addresses,
+                                 sent=sent)
+            dsk = dict(graph.dask)
+            maps = [k for k, v in dsk.items() if isinstance(v, tuple) and getattr(
+                v[0], "func", None) is _graph.tasks.read_shared]
+            users = {k: [u for u, v in dsk.items() if k in get_dependencies(dsk, u)]
+                     for k in maps}
+            assert len({v[0].args[0].path for k, v in dsk.items() if k in maps}) == len(sent)
+            # the load that prepares an input waits for what its map waits for, no more
+            assert all(get_dependencies(dsk, u) - {k} == get_dependencies(dsk, k)
+                       for k in maps for u in users[k])
+            assert any(get_dependencies(dsk, k) for k in maps)
+            if addresses:  # each map placed with its users, each worker mapping its own
+                placed = graph.dask.layers[graph.key].annotations["workers"]
+                assert all({placed(u) for u in users[k]} == {placed(k)} for k in maps)
+                where = {(dsk[k][0].args[0].path, placed(k)) for k in maps}
+                assert len(where) == len(maps) > len(sent)  # once a worker, on both
+        graph = _graph.build(stack, plan, None, sent=sent)
+        plain = _graph.build(stack, plan, None)
+        assert close_cores(src_dask.TensorTrain(graph.compute(scheduler="sync"), "mps"),
+                           src_dask.TensorTrain(plain.compute(scheduler="sync"), "mps"))
