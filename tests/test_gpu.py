@@ -302,11 +302,13 @@ def test_a_gpu_workers_one_task_takes_numpy_through_shared_memory(monkeypatch, c
 
     from distributed import Client
 
-    from src_dask import _shared
+    from src_dask import _api, _shared
 
+    # inputs and result (1.2 and 1.8 MB) from 1 MiB on go ahead of the task
+    monkeypatch.setattr(_api, "_SEND_AHEAD_BYTES", 1 << 20)
     monkeypatch.setitem(dask.config.config["src_dask"], "one-task-flops", 1e12)
-    a, x = random_mpo(12, 4, seed=1), random_mps(12, 256, seed=2)  # 25 MB of inputs
-    ref = _on("cpu", a, x, chi_out=256, seed=3)
+    a, x = random_mpo(16, 3, seed=1), random_mps(16, 100, seed=2)
+    ref = _on("cpu", a, x, chi_out=100, seed=3)
 
     def mapped(c):
         while isinstance(c, np.ndarray | memoryview):
@@ -318,7 +320,7 @@ def test_a_gpu_workers_one_task_takes_numpy_through_shared_memory(monkeypatch, c
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="src_dask"), \
                     dask.config.set({"src_dask.shared-memory": on}):
-                y = src_dask.apply(a, x, chi_out=256, seed=3, client=client)
+                y = src_dask.apply(a, x, chi_out=100, seed=3, client=client)
             assert any(("through shared memory" if on else "by scatter") in r.message
                        for r in caplog.records)
             assert all(mapped(c) == on for c in y)

@@ -64,6 +64,33 @@ def test_arrays_come_back_equal_mapped_and_read_only_for_the_worker(shm_dir, mon
 
 
 @pytest.mark.timeout(30)
+def test_a_write_holds_no_view_that_a_profiler_could_keep(shm_dir, monkeypatch):
+    """Dask's worker samples its threads' frames (its profiler); a frame so held keeps
+    its locals after its function returned. A write whose every frame is kept alive
+    (here by a profile hook on all threads) still completes and gives its arrays
+    (a worker's task once failed with ``BufferError`` closing a map still viewed)."""
+    import threading
+
+    monkeypatch.setattr(_shared, "_PIECE", 1000)  # several pieces, several threads
+    kept: list = []
+
+    def hold(frame, event, arg):
+        kept.append(frame)
+
+    a = np.arange(5000, dtype=np.float64)
+    threading.setprofile(hold)
+    sys.setprofile(hold)
+    try:
+        with _shared.call_files() as call:
+            (d,) = _shared.write([a], call.prefix + "out-")
+            assert np.array_equal(_shared.take(d), a)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    assert kept and _ours(str(shm_dir)) == []
+
+
+@pytest.mark.timeout(30)
 def test_a_missing_or_short_file_is_an_error_never_zeros(shm_dir):
     with _shared.call_files() as call:
         (d,) = _shared.write([np.ones((4, 4))], call.prefix + "in-")

@@ -59,22 +59,19 @@ class Shared(NamedTuple):
     nbytes: int
 
 
-def _reserve(path: str, nbytes: int) -> mmap.mmap | None:
-    """A new file ``path`` of ``nbytes`` (its pages allocated now) mapped for writing
-    (None for no bytes)."""
+def _reserve(path: str, nbytes: int) -> int:
+    """A new file ``path`` of ``nbytes``, its pages allocated now; its descriptor, open
+    for writing."""
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        if not nbytes:
-            return None
-        try:
+        if nbytes:
             os.posix_fallocate(fd, 0, nbytes)
-        except OSError as e:
-            os.remove(path)
-            raise OSError(e.errno, f"{path}: no room for {nbytes} bytes in shared memory "
-                          f"({os.strerror(e.errno)})") from None
-        return mmap.mmap(fd, nbytes)
-    finally:
+    except OSError as e:
         os.close(fd)
+        os.remove(path)
+        raise OSError(e.errno, f"{path}: no room for {nbytes} bytes in shared memory "
+                      f"({os.strerror(e.errno)})") from None
+    return fd
 
 
 def _flat(x: Any) -> np.ndarray:
@@ -92,31 +89,43 @@ def write(arrays: list[Any], prefix: str) -> list[Shared]:
     hosts = [_transfer.staged(x) for x in arrays]
     out = [Shared(f"{prefix}{i}", tuple(h.shape), h.dtype.str, h.nbytes)
            for i, h in enumerate(hosts)]
+    made: dict[str, int] = {}  # the files made here: their descriptors
     try:
         with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
             # each file's pages allocated (zeroed) by a thread of its own
-            maps = list(pool.map(_reserve, [d.path for d in out], [d.nbytes for d in out]))
-            _copy_into(maps, hosts, pool)
+            reserved = [pool.submit(_reserve, d.path, d.nbytes) for d in out]
+            concurrent.futures.wait(reserved)
+            made = {d.path: f.result() for d, f in zip(out, reserved, strict=True)
+                    if f.exception() is None}
+            _copy_into([f.result() for f in reserved], hosts, pool)
     except BaseException:
-        for d in out:
+        for path in made:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(d.path)
+                os.remove(path)
         raise
-    for m in maps:
-        if m is not None:
-            m.close()
+    finally:
+        for fd in made.values():
+            os.close(fd)
     return out
 
 
-def _copy_into(maps: list[mmap.mmap | None], hosts: list[np.ndarray], pool: Any) -> None:
-    """Copy each host array into its map, in pieces of :data:`_PIECE` bytes over
-    ``pool`` (NumPy's copy lets go of the GIL, and the pages were allocated already)."""
-    pairs = [(np.frombuffer(m, np.uint8), _flat(h)) for m, h in zip(maps, hosts, strict=True)
-             if m is not None]
-    jobs = [pool.submit(np.copyto, d[i:i + _PIECE], s[i:i + _PIECE]) for d, s in pairs
-            for i in range(0, d.size, _PIECE)]
+def _copy_into(fds: list[int], hosts: list[np.ndarray], pool: Any) -> None:
+    """Write each host array into its file, in pieces of :data:`_PIECE` bytes over
+    ``pool`` (the write lets go of the GIL, and the pages were allocated already).
+    Written, not mapped: a map cannot be closed while anything (a sampling profiler's
+    hold on a frame, say) still holds a view of it."""
+    jobs = [pool.submit(_write_piece, fd, h, i) for fd, h in zip(fds, hosts, strict=True)
+            for i in range(0, h.nbytes, _PIECE)]
     for f in jobs:
         f.result()
+
+
+def _write_piece(fd: int, host: np.ndarray, start: int) -> None:
+    """Bytes ``start`` to ``start + _PIECE`` of ``host`` into the file ``fd``."""
+    piece = memoryview(_flat(host))[start:start + _PIECE]
+    while piece:
+        done = os.pwrite(fd, piece, start)
+        piece, start = piece[done:], start + done
 
 
 def read(d: Shared, writable: bool = False) -> np.ndarray:
