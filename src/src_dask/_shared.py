@@ -11,9 +11,10 @@ Each array is copied once, by several threads, and never serialized.
 Files are named ``src_dask-shm-<pid>-<call>-<n>``: the client's process id and a token
 of the call. The client removes its call's files when the call ends, however it ends,
 and, at each call, those of its own user's processes that are gone (a client killed
-before it could). Nothing else under ``/dev/shm`` is touched. Space is reserved when a
-file is made (``posix_fallocate``): a full tmpfs is an ``OSError`` there, never a
-``SIGBUS`` at the copy.
+before it could). Nothing else under ``/dev/shm`` is touched. Files are written, not
+mapped, by the side that makes them: a full tmpfs is an ``OSError`` at the write, never
+a ``SIGBUS`` at a copy into a map. The client maps a result's file once it is whole and
+removes its name at once: the pages are then its array's alone, never copied.
 
 A worker uses this path only after it showed it sees the client's files (one probe per
 worker and client), so a worker on the loopback of another container, or of another
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import mmap
 import os
 import secrets
@@ -59,19 +61,9 @@ class Shared(NamedTuple):
     nbytes: int
 
 
-def _reserve(path: str, nbytes: int) -> int:
-    """A new file ``path`` of ``nbytes``, its pages allocated now; its descriptor, open
-    for writing."""
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        if nbytes:
-            os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:
-        os.close(fd)
-        os.remove(path)
-        raise OSError(e.errno, f"{path}: no room for {nbytes} bytes in shared memory "
-                      f"({os.strerror(e.errno)})") from None
-    return fd
+def _create(path: str) -> int:
+    """A new file ``path`` (never one that exists), open for writing: its descriptor."""
+    return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
 
 
 def _flat(x: Any) -> np.ndarray:
@@ -91,13 +83,13 @@ def write(arrays: list[Any], prefix: str) -> list[Shared]:
            for i, h in enumerate(hosts)]
     made: dict[str, int] = {}  # the files made here: their descriptors
     try:
+        for d in out:
+            made[d.path] = _create(d.path)
         with concurrent.futures.ThreadPoolExecutor(_threads()) as pool:
-            # each file's pages allocated (zeroed) by a thread of its own
-            reserved = [pool.submit(_reserve, d.path, d.nbytes) for d in out]
-            concurrent.futures.wait(reserved)
-            made = {d.path: f.result() for d, f in zip(out, reserved, strict=True)
-                    if f.exception() is None}
-            _copy_into([f.result() for f in reserved], hosts, pool)
+            jobs = [pool.submit(_write_piece, made[d.path], h, i, d.path)
+                    for d, h in zip(out, hosts, strict=True) for i in range(0, h.nbytes, _PIECE)]
+            for f in jobs:
+                f.result()
     except BaseException:
         for path in made:
             with contextlib.suppress(FileNotFoundError):
@@ -109,30 +101,30 @@ def write(arrays: list[Any], prefix: str) -> list[Shared]:
     return out
 
 
-def _copy_into(fds: list[int], hosts: list[np.ndarray], pool: Any) -> None:
-    """Write each host array into its file, in pieces of :data:`_PIECE` bytes over
-    ``pool`` (the write lets go of the GIL, and the pages were allocated already).
-    Written, not mapped: a map cannot be closed while anything (a sampling profiler's
-    hold on a frame, say) still holds a view of it."""
-    jobs = [pool.submit(_write_piece, fd, h, i) for fd, h in zip(fds, hosts, strict=True)
-            for i in range(0, h.nbytes, _PIECE)]
-    for f in jobs:
-        f.result()
-
-
-def _write_piece(fd: int, host: np.ndarray, start: int) -> None:
-    """Bytes ``start`` to ``start + _PIECE`` of ``host`` into the file ``fd``."""
+def _write_piece(fd: int, host: np.ndarray, start: int, path: str) -> None:
+    """Bytes ``start`` to ``start + _PIECE`` of ``host`` into the file ``fd`` (its
+    ``path``). Written, not mapped: a full tmpfs is then an error here, never a
+    ``SIGBUS`` at a copy into a map, and no map is left that something (a sampling
+    profiler's hold on a frame, say) still views. The write lets go of the GIL."""
     piece = memoryview(_flat(host))[start:start + _PIECE]
-    while piece:
-        done = os.pwrite(fd, piece, start)
-        piece, start = piece[done:], start + done
+    try:
+        while piece:
+            done = os.pwrite(fd, piece, start)
+            if not done:  # a file system that takes nothing more
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            piece, start = piece[done:], start + done
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: no room for {host.nbytes} bytes in shared memory "
+                      f"({os.strerror(e.errno)})" if e.errno == errno.ENOSPC
+                      else f"{path}: {os.strerror(e.errno)}") from None
 
 
 def read(d: Shared, writable: bool = False) -> np.ndarray:
-    """The array of ``d``, mapped (no copy): read-only, or ``writable`` (copy on
-    write: the file never changes). A missing or short file is an error, never zeros."""
+    """The array of ``d``, mapped (no copy): read-only, or ``writable`` (for
+    :func:`take`: the file's name then goes, and its pages are the array's alone). A
+    missing or short file is an error, never zeros."""
     try:
-        fd = os.open(d.path, os.O_RDONLY)
+        fd = os.open(d.path, os.O_RDWR if writable else os.O_RDONLY)
     except FileNotFoundError:
         raise FileNotFoundError(f"{d.path}: an array in shared memory is missing (removed "
                                 "before the run used it: the call was interrupted?)") from None
@@ -143,10 +135,12 @@ def read(d: Shared, writable: bool = False) -> np.ndarray:
                           f"{d.nbytes}")
         if not d.nbytes:
             return np.empty(d.shape, d.dtype)
-        # the client's: private (copy on write), its page tables filled at once, as an
-        # array of its own would have them (not a fault per page later); the worker's:
-        # pages come in as its tasks read them (what it holds grows with its reads)
-        flags = mmap.MAP_PRIVATE | _POPULATE if writable else mmap.MAP_SHARED
+        # the client's (its file then removed: no one else sees it): writable, its page
+        # tables filled at once, as an array of its own would have them (not a fault
+        # per page later; a private map would copy every page there); the worker's:
+        # read-only, pages come in as its tasks read them (what it holds grows with
+        # its reads)
+        flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         return np.frombuffer(mmap.mmap(fd, d.nbytes, flags=flags, prot=prot),
                              np.dtype(d.dtype)).reshape(d.shape)
