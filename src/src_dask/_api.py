@@ -503,10 +503,15 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
     bound = float(config.get("one-task-flops"))
     flops = _estimate.flops(stack, plan.sketch, plan.chi_out, plan.round)
     total = sum(flops.values())
-    if total > bound and not (bound > 0 and _plan.one_task_beats_graph(
-            flops["pass 1"], stack.n, facts.count,
-            _plan.SweepPlan.decide(stack, plan, _addresses(client)).pass2,
-            plan.threads, plan.device)):
+    if total > bound and bound > 0:
+        addresses = _addresses(client)
+        # the whole sweep decided only where pass 2 may be Pass2.FIRST (CPU plans)
+        pass2 = (_plan.SweepPlan.decide(stack, plan, addresses).pass2 if plan.device == "cpu"
+                 else _plan.Pass2.of_run(plan.device, len(addresses)))
+        if not _plan.one_task_beats_graph(flops["pass 1"], stack.n, facts.count, pass2,
+                                          plan.threads, plan.device):
+            return None
+    elif total > bound:
         return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
