@@ -25,8 +25,9 @@ process (they go to the worker with each call, straight where the client reaches
 left on the cluster), ``src_dask_client_persisted`` inputs already on
 the workers (Dask arrays persisted there, on the device for a GPU; the persisting is
 timed apart as ``inputs_to_cluster_s``), ``src_dask_client_persisted_kept`` the same
-with the result left there too (``persist=True``: a loop's next call takes it). Their
-``ratio_to_threads`` are issue 29's.
+with the result left there too (``persist=True``: a loop's next call takes it). Issue
+29's targets are on ``ratio_to_threads`` of the last and ``ratio_to_threads_less_sent``
+of the first (``problems.CLIENT_TARGETS``).
     python benchmarks/bench_mpo_mps.py --plot-only benchmarks/results/mpo_mps_gpu.json
 """
 
@@ -45,7 +46,6 @@ from flops import PLAN_CONVENTION, PLAN_LEGEND, rates
 from harness import (
     Config,
     Record,
-    Target,
     cell,
     check_targets,
     earlier_record,
@@ -224,10 +224,9 @@ def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
         found = MPO_MPS_TARGETS.get((record["device"]["name"], int(chi)), ())
         run = {f"src_dask chi={chi}": res["runs"].get("src_dask", {})}
         out += check_targets(found, run)
-        for name, limit in CLIENT_TARGETS.get((record["device"]["name"], int(chi)), ()):
+        for name, target in CLIENT_TARGETS.get((record["device"]["name"], int(chi)), ()):
             if name in res["runs"]:
-                out += check_targets((Target("ratio_to_threads", limit),),
-                                     {f"{name} chi={chi}": res["runs"][name]})
+                out += check_targets((target,), {f"{name} chi={chi}": res["runs"][name]})
     return out
 
 
