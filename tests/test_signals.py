@@ -12,7 +12,18 @@ import pytest
 from src_dask import interrupts
 
 
-def test_sigint_deferred_records_a_sigint_and_restores_the_handler():
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT as a command typed at a terminal has it (Python's handler): a shell's
+    background job, such as a test run started with ``&``, starts with it ignored, and
+    then ``sigint_deferred`` rightly leaves it alone."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_sigint_deferred_records_a_sigint_and_restores_the_handler(terminal_sigint):
     if not hasattr(signal, "pthread_sigmask"):
         pytest.skip("no POSIX signal masks")
     handler = signal.getsignal(signal.SIGINT)
