@@ -503,7 +503,9 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
     bound = float(config.get("one-task-flops"))
     flops = _estimate.flops(stack, plan.sketch, plan.chi_out, plan.round)
     total = sum(flops.values())
-    if total > bound and bound > 0:
+    if total > bound:  # then only where the graph would not be faster (at 0: never)
+        if bound <= 0:
+            return None
         addresses = _addresses(client)
         # the whole sweep decided only where pass 2 may be Pass2.FIRST (CPU plans)
         pass2 = (_plan.SweepPlan.decide(stack, plan, addresses).pass2 if plan.device == "cpu"
@@ -511,8 +513,6 @@ def _one_task_flops(stack: Stack, plan: _plan.Plan, client: Any,
         if not _plan.one_task_beats_graph(flops["pass 1"], stack.n, facts.count, pass2,
                                           plan.threads, plan.device):
             return None
-    elif total > bound:
-        return None
     data = max(_estimate.data_held(stack, plan, 1, False))
     inputs = stack.input_bytes(lazy=False) + stack.input_bytes(lazy=True)
     need = data + _estimate.pass1_task(stack, plan.sketch, plan.device) + inputs
