@@ -16,8 +16,10 @@ from src_dask._stack import make_stack
 
 @pytest.fixture(autouse=True)
 def _small_products_too(monkeypatch):
-    """The tests' products are small: made as three real ones all the same."""
+    """The tests' products are small: made as three real ones all the same (none thin
+    enough for the interleaved product: tests/test_interleaved.py)."""
     monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 0)
+    monkeypatch.setattr(_kernels, "THIN_MAX", 0)
 
 
 def _three(value: str = "3m"):
@@ -95,9 +97,12 @@ def test_thin_products_stay_native(monkeypatch, products):
     assert np.abs(got - a.reshape(21, 50) @ b).max() <= 1e-13 * np.abs(got).max()
 
 
-def test_native_products_are_the_default_and_other_settings_an_error():
-    assert dask.config.get("src_dask.complex-products") == "native"
-    assert not _kernels.three_real(np.complex128, "gpu")
+def test_auto_is_the_default_and_other_settings_an_error():
+    assert dask.config.get("src_dask.complex-products") == "auto"
+    assert _kernels.three_real(np.complex128, "gpu") and not _kernels.three_real(
+        np.complex128, "cpu")
+    with _three("native"):
+        assert not _kernels.three_real(np.complex128, "gpu")
     with _three():
         assert _kernels.three_real(np.complex128, "gpu") and _kernels.three_real(
             np.complex128, "cpu")
@@ -131,7 +136,8 @@ def test_a_product_that_runs_out_of_memory_as_three_is_made_natively(monkeypatch
 @pytest.mark.parametrize("n,p", [(2, 2), (3, 3), (6, 2)])
 def test_src_with_three_real_products_is_exact_and_the_native_result(stack, n, p, products):
     trains = STACKS[stack](n, p)
-    native = src_dask.src(*trains, chi_out=200, seed=3)
+    with _three("native"):
+        native = src_dask.src(*trains, chi_out=200, seed=3)
     assert products == []
     with _three():
         y = src_dask.src(*trains, chi_out=200, seed=3)
@@ -142,9 +148,10 @@ def test_src_with_three_real_products_is_exact_and_the_native_result(stack, n, p
 
 def test_truncated_results_agree_with_the_native_ones_and_real_runs_are_unchanged(products):
     trains = [random_mpo(12, _uneven(12, 4), 2, seed=5), random_mps(12, _uneven(12, 6), 2, seed=6)]
-    native = src_dask.src(*trains, chi_out=8, seed=1)
     real = [type(t)([c.real for c in t], t.kind) for t in trains]
-    real_native = src_dask.src(*real, chi_out=8, seed=1)
+    with _three("native"):
+        native = src_dask.src(*trains, chi_out=8, seed=1)
+        real_native = src_dask.src(*real, chi_out=8, seed=1)
     with _three():
         y = src_dask.src(*trains, chi_out=8, seed=1)
         made = len(products)
@@ -174,4 +181,4 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
         assert gpu[kind][0] > native[kind][0] and gpu[kind][1] > native[kind][1], kind
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
-    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == native  # the default
+    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == gpu  # the default: auto

@@ -74,9 +74,9 @@ def all_finite(x: Any) -> bool:
     return bool(xp.isfinite(total)) or bool(xp.isfinite(x).all())
 
 
-# -- complex products as three real ones ----------------------------------------
+# -- complex products from real ones -------------------------------------------
 def three_real(dtype: Any, device: str) -> bool:
-    """Whether complex products of ``dtype`` on ``device`` are made as three real
+    """Whether wide complex products of ``dtype`` on ``device`` are made as three real
     ones: complex128 ones where config ``complex-products`` is ``3m``, or ``auto``
     and the device a GPU (a CPU's BLAS gains little from it)."""
     if np.dtype(dtype) != np.complex128:  # before the config: every product asks
@@ -85,26 +85,54 @@ def three_real(dtype: Any, device: str) -> bool:
     return want == "3m" or (want == "auto" and device == "gpu")
 
 
+def interleaved(dtype: Any) -> bool:
+    """Whether thin complex products of ``dtype`` are made as one real product of
+    interleaved parts (:func:`_interleaved_product`): complex ones unless config
+    ``complex-products`` is ``native``."""
+    if np.dtype(dtype).kind != "c":
+        return False
+    return config.get_choice("complex-products", ("native", "3m", "auto")) != "native"
+
+
+def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: str) -> str:
+    """How :func:`matmul` makes a product of ``(m, k, n) = dims``: ``"interleaved"``
+    (thin: ``k`` and ``n`` at most :data:`THIN_MAX`), ``"three"`` (wide: all three at
+    least :data:`THREE_REAL_MIN`, :func:`three_real`) or ``"native"``."""
+    if np.dtype(a_dtype) != np.dtype(b_dtype):
+        return "native"
+    m, k, n = dims
+    if max(k, n) <= THIN_MAX and interleaved(a_dtype):
+        return "interleaved"
+    if min(dims) >= THREE_REAL_MIN and three_real(a_dtype, device):
+        return "three"
+    return "native"
+
+
 def matmul(a: Any, b: Any, *, conj_a: bool = False,
            shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
     """``conj(a) @ b`` (``conj_a``) or ``a @ b``, batched over leading axes, the
     operands reshaped to ``shapes`` first (when given).
 
-    With :func:`three_real`, complex128 products are three real ones (Gauss's
-    trick): ``t1 = a_r b_r``, ``t2 = a_i b_i``, ``t3 = (a_r + a_i)(b_r + b_i)``,
-    real part ``t1 - t2``, imaginary ``t3 - t1 - t2``; 3/4 of the FLOPs at the
-    real GEMM's rate, with rounding errors of the size of the native product's
-    relative to the norms of the operands. ``a`` and ``b`` may be strided views:
-    a transposed operand is split straight into its real planes, which are then
-    reshaped and replace the copy a native product's reshape makes. The planes and the three
-    products take ``a``, ``b`` and 1.5 times the result in memory besides the
-    result (:func:`three_real_elements`); a product that runs out of memory that
-    way is made natively instead.
+    Complex products are made the way :func:`product_way` picks. A *thin* one
+    (a few columns of ``b``) is one real product of ``a``'s interleaved parts
+    (:func:`_interleaved_product`): the complex GEMM's own multiplications and
+    sums, at the memory-bound speed that BLAS's complex kernels miss at these shapes.
+    A *wide* complex128 one may be three real ones (Gauss's trick): ``t1 = a_r b_r``,
+    ``t2 = a_i b_i``, ``t3 = (a_r + a_i)(b_r + b_i)``, real part ``t1 - t2``,
+    imaginary ``t3 - t1 - t2``; 3/4 of the FLOPs at the real GEMM's rate, with
+    rounding errors of the size of the native product's relative to the norms of
+    the operands. ``a`` and ``b`` may be strided views: a transposed operand is
+    split straight into its real planes, which are then reshaped and replace the
+    copy a native product's reshape makes. The planes and the three products take
+    ``a``, ``b`` and 1.5 times the result in memory besides the result
+    (:func:`three_real_elements`); a product that runs out of memory that way is
+    made natively instead.
     """
     xp = xp_of(a)
-    device = "gpu" if xp is not np else "cpu"
-    if (a.dtype == b.dtype and three_real(a.dtype, device)
-            and min(_gemm_dims(a, b, shapes)) >= THREE_REAL_MIN):
+    way = product_way(a.dtype, b.dtype, _gemm_dims(a, b, shapes), "gpu" if xp is not np else "cpu")
+    if way == "interleaved":
+        return _interleaved_product(xp, a, b, conj_a, shapes)
+    if way == "three":
         from ._oom import is_oom
 
         try:
@@ -115,6 +143,41 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
     if shapes is not None:
         a, b = a.reshape(shapes[0]), b.reshape(shapes[1])
     return xp.matmul(a.conj() if conj_a else a, b)
+
+
+#: The most inner dimension and columns of a *thin* complex product, made as one real
+#: product of interleaved parts: BLAS's complex kernels run such memory-bound products
+#: well below the memory's speed (one H100: 32 M×16×16 in 13.0 ms as ZGEMM, 6.5 ms so;
+#: benchmarks/README.md, "Complex products").
+THIN_MAX = 32
+
+
+def _interleaved_product(xp: Any, a: Any, b: Any, conj_a: bool,
+                         shapes: tuple[tuple[int, ...], tuple[int, ...]] | None) -> Any:
+    """``conj(a) @ b`` or ``a @ b`` as one real product: ``a``'s rows read as real rows
+    of interleaved (real, imaginary) parts (a view, no pass over ``a``), times the real
+    ``(2k, 2n)`` matrix ``w`` that maps a pair ``(x_r, x_i)`` at row ``p`` to
+    ``x · b[p, j]`` (or ``conj(x) · b[p, j]``) at columns ``(2j, 2j + 1)``; the
+    product's rows are the result's interleaved parts (a view again). ``w`` holds
+    twice ``b``'s elements, which a thin product's ``b`` makes small."""
+    if shapes is not None:
+        a, b = a.reshape(shapes[0]), b.reshape(shapes[1])
+    a = xp.ascontiguousarray(a)
+    k, n = b.shape[-2:]
+    w = xp.empty(tuple(b.shape[:-2]) + (k, 2, n, 2), dtype=a.real.dtype)
+    w[..., 0, :, 0] = b.real
+    w[..., 0, :, 1] = b.imag
+    # (not negative(..., out=w[...]): NumPy 2.4's float32 loop wrote wrong values into
+    # such a strided view of w; b is small, and the negated copy with it)
+    if conj_a:  # conj(x) b: the imaginary part of x enters with the other sign
+        w[..., 1, :, 0] = b.imag
+        w[..., 1, :, 1] = -b.real
+    else:
+        w[..., 1, :, 0] = -b.imag
+        w[..., 1, :, 1] = b.real
+    rows = a.view(w.dtype)
+    out = xp.matmul(rows, w.reshape(tuple(b.shape[:-2]) + (2 * k, 2 * n)))
+    return out.view(a.dtype)
 
 
 #: The least rows, inner dimension and columns of a complex product made as three real
@@ -285,6 +348,8 @@ def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
                       + prod(shape_b) * (list(perm_b) != sorted(perm_b)))
             if three and min(shape_a[1], shape_a[2], shape_b[2]) >= THREE_REAL_MIN:
                 copies = three_real_elements(prod(shape_a), prod(shape_b), out) - out
+            elif max(shape_b[1], shape_b[2]) <= THIN_MAX:  # _interleaved_product's w
+                copies += 2 * prod(shape_b)
         peak = max(peak, alive + copies + out)
         ops.append((out, True))
     return peak

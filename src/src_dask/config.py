@@ -18,7 +18,7 @@ key                        meaning
 ``copy-inputs``            ``auto``, ``true`` or ``false``: inputs copied between GPUs
 ``pass2-split``            ``auto``, ``true`` or ``false``: pass 2 split by rows of ``Z``
 ``ucx-sync``               ``stream`` or ``device``: what Dask's UCX comm waits for
-``complex-products``       ``native``, ``3m`` or ``auto``: complex128 products as three real ones
+``complex-products``       ``auto``, ``3m`` or ``native``: complex products from real ones
 =========================  =======================================================
 """
 
