@@ -374,6 +374,7 @@ def test_three_real_products_of_profile_kernels_are_the_products():
     for conj in (False, True):
         want = np.matmul(a.conj() if conj else a, b)
         assert np.allclose(pk.three_real(np, a, b, conj), want, rtol=1e-13, atol=1e-13)
+        assert np.allclose(pk.interleaved(np, a, b, conj), want, rtol=1e-13, atol=1e-13)
     # the pairwise steps of pass 1's path as batched products (batch, m, k, n)
     eq, _ = pk.equations(2)
     steps = pk.gemms(eq, (8, 4, 6), (8, 2, 1), (4, 5, 2, 3), (6, 7, 3, 1))

@@ -849,3 +849,46 @@ def test_the_slurm_runner_example_runs_src_on_a_cuda_worker(tmp_path):
     opened = [src_dask.open(tmp_path / "in" / str(i)) for i in range(2)]
     y = src_dask.src(*opened, chi_out=32, seed=2, store=tmp_path / "run.zarr")  # its result
     _same(y, _on("cpu", a, x, chi_out=32, seed=2))
+
+
+@pytest.mark.parametrize("way", ["interleaved", "cublas", "three"])
+def test_complex_products_made_from_real_ones_on_the_gpu_are_the_native_ones(way, monkeypatch):
+    """Each way of ``_kernels.matmul`` on CuPy operands, plain, transposed and conjugated,
+    against CuPy's ZGEMM; and a whole run made with them against the native run."""
+    import cupy
+
+    from src_dask import _cublas, _kernels
+
+    if way == "cublas" and not _cublas.available():
+        pytest.skip("this cuBLAS has no cublasZgemm3m")
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 64)
+    rng = cupy.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+    m, k, n = {"interleaved": (5000, 16, 24), "cublas": (300, 700, 400),
+               "three": (600, 700, 800)}[way]
+    made = []
+    real = getattr(_kernels, "_interleaved_product" if way == "interleaved" else
+                   "_three_real_product", None)
+    if way == "cublas":
+        monkeypatch.setattr(_kernels, "CUBLAS_3M_MAX", m * n)
+        real = _cublas.gemm3m
+        monkeypatch.setattr(_cublas, "gemm3m", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    else:
+        monkeypatch.setattr(_kernels, real.__name__,
+                            lambda *a, **kw: made.append(1) or real(*a, **kw))
+    with dask.config.set({"src_dask.complex-products": "3m"}):
+        for a, b in [(rand(m, k), rand(k, n)), (rand(k, m).T, rand(n, k).T)]:
+            for conj in (False, True):
+                want = cupy.matmul(a.conj() if conj else a, b)
+                got = _kernels.matmul(a, b, conj_a=conj)
+                err = float(cupy.abs(got - want).max() / cupy.abs(want).max())
+                assert err <= 1e-13, (way, conj, a.flags.c_contiguous, err)
+        assert len(made) == 4
+        trains = STACKS["mpo.mps"](np.complex128)
+        y = _on("gpu", *trains, chi_out=64, seed=1)
+    with dask.config.set({"src_dask.complex-products": "native"}):
+        ref = _on("gpu", *trains, chi_out=64, seed=1)
+    _same(y, ref, tol=1e-12)

@@ -182,3 +182,27 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
     assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == gpu  # the default: auto
+
+
+def test_which_wide_products_go_to_cublas_3m(monkeypatch):
+    """On a GPU, one product with a small result against its work is cuBLAS's own Gauss
+    product; a large result, a batch or a thin inner dimension is not; CPUs never."""
+    from src_dask import _cublas
+
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 512)
+    monkeypatch.setattr(_kernels, "THIN_MAX", 32)
+    assert not _cublas.available()  # no CuPy here: looked for once, quietly
+    way = _kernels.product_way
+    c = np.complex128
+    with _three("auto"):
+        assert way(c, c, (500, 64000, 8000), "gpu") == "native"  # m < 512, no cuBLAS here
+        monkeypatch.setattr(_cublas, "available", lambda: True)
+        assert way(c, c, (500, 64000, 8000), "gpu") == "cublas"  # the sketch piece
+        assert way(c, c, (500, 8000, 64000), "gpu") == "cublas"  # the update
+        assert way(c, c, (500, 8000, 64000), "gpu", batched=True) == "native"
+        assert way(c, c, (32000, 1000, 16000), "gpu") == "three"  # a large result
+        assert way(c, c, (16, 1000, 64000), "gpu") == "native"  # too few rows for either
+        assert way(c, c, (500, 64000, 8000), "cpu") == "native"
+        assert way(np.complex64, np.complex64, (500, 64000, 8000), "gpu") == "native"
+    with _three("native"):
+        assert way(c, c, (500, 64000, 8000), "gpu") == "native"

@@ -48,6 +48,8 @@ STEPS = ("pass1", "project", "piece", "update")
 #: The least rows, inner dimension and columns of a product that src_dask's
 #: ``complex-products: 3m`` makes as three real ones (docs/design.md §3.2).
 WIDE = 512
+#: The most inner dimension and columns of a thin product (src_dask: _kernels.THIN_MAX).
+THIN = 32
 #: Index letters; s (sketch), r (right bond) and l are the equations' own.
 LETTERS = [c for c in string.ascii_letters if c not in "srl"]
 
@@ -239,6 +241,18 @@ def three_real(xp: Any, a: Any, b: Any, conj: bool) -> Any:
     return (t1 - t2) + 1j * (t3 - t1 - t2)
 
 
+def interleaved(xp: Any, a: Any, b: Any, conj: bool) -> Any:
+    """``conj(a) @ b`` or ``a @ b`` as one real product of ``a``'s interleaved parts with
+    the real ``(2k, 2n)`` matrix of ``b``'s products: what src_dask's ``complex-products:
+    auto`` and ``3m`` compute for a thin product."""
+    k, n = b.shape[-2:]
+    s = 1 if conj else -1
+    w = xp.stack([xp.stack([b.real, b.imag], -1), xp.stack([s * b.imag, -s * b.real], -1)], -3)
+    out = xp.matmul(xp.ascontiguousarray(a).view(a.real.dtype), w.reshape(*b.shape[:-2], 2 * k,
+                                                                            2 * n))
+    return out.view(a.dtype)
+
+
 def _parts(xp: Any, a: Any, b: Any, conj: bool) -> tuple[Any, Any, Any, Any]:
     """The real and imaginary parts of ``a`` (conjugated for ``conj``) and ``b``, each
     contiguous."""
@@ -256,6 +270,8 @@ def product_times(xp: Any, step: str, sa: tuple[int, ...], sb: tuple[int, ...],
                            "wide": min(m, k, n) >= WIDE,
                            "native_s": timed(xp, lambda: xp.matmul(a.conj() if conj else a, b),
                                              3)}
+    if max(k, n) <= THIN:
+        row["interleaved_s"] = timed(xp, lambda: interleaved(xp, a, b, conj), 3)
     try:
         ar, ai, br, bi = _parts(xp, a, b, conj)
         t1, t2, t3 = xp.matmul(ar, br), xp.matmul(ai, bi), xp.matmul(ar + ai, br + bi)
@@ -275,7 +291,7 @@ def modes_of(rows: list[dict], cores_shapes: list[tuple[int, ...]], sketch: int,
     ``sketch`` columns), with the floors: native products at the complex GEMM rate,
     three real ones at 3/4 of their FLOPs at the DGEMM rate."""
     out = {}
-    for mode in ("native", "3m"):
+    for mode in ("native", "3m"):  # 3m: auto's choice on a GPU
         entry: dict[str, Any] = {"how": f"the site's products alone, as complex-products: "
                                         f"{mode} makes them (benchmarks/tools/profile_kernels.py)",
                                  "sketch": sketch, "block": block,
@@ -285,8 +301,9 @@ def modes_of(rows: list[dict], cores_shapes: list[tuple[int, ...]], sketch: int,
             s = flop = floor = 0.0
             for r in (r for r in rows if r["step"] == step):
                 three = mode == "3m" and r["wide"] and "three_s" in r
+                thin = mode == "3m" and "interleaved_s" in r
                 f = 8.0 * prod(r["a"]) * r["b"][-1]
-                s += r["three_s" if three else "native_s"]
+                s += r["three_s" if three else "interleaved_s" if thin else "native_s"]
                 flop += f
                 floor += f / rates["3m" if three else "native"]
             entry[step] = {"s": s * scale, "flop": flop * scale, "floor_s": floor * scale}

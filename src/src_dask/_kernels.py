@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
-from . import config
+from . import _cublas, config
 from ._layout import pad
 from ._layout import unpad as unpad
 from ._transfer import is_cupy, to_device, wait_for
@@ -94,18 +94,26 @@ def interleaved(dtype: Any) -> bool:
     return config.get_choice("complex-products", ("native", "3m", "auto")) != "native"
 
 
-def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: str) -> str:
+def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: str,
+                batched: bool = False) -> str:
     """How :func:`matmul` makes a product of ``(m, k, n) = dims``: ``"interleaved"``
-    (thin: ``k`` and ``n`` at most :data:`THIN_MAX`), ``"three"`` (wide: all three at
-    least :data:`THREE_REAL_MIN`, :func:`three_real`) or ``"native"``."""
+    (thin: ``k`` and ``n`` at most :data:`THIN_MAX`); with :func:`three_real`,
+    ``"cublas"`` (on a GPU, one product whose result is small against the work:
+    ``k`` at least :data:`THREE_REAL_MIN`, ``m`` and ``n`` at least 256 and
+    ``m·n`` at most :data:`CUBLAS_3M_MAX`, by ``cublasZgemm3m``) or ``"three"``
+    (wide: all three at least :data:`THREE_REAL_MIN`, src_dask's planes); else
+    ``"native"``."""
     if np.dtype(a_dtype) != np.dtype(b_dtype):
         return "native"
     m, k, n = dims
     if max(k, n) <= THIN_MAX and interleaved(a_dtype):
         return "interleaved"
-    if min(dims) >= THREE_REAL_MIN and three_real(a_dtype, device):
-        return "three"
-    return "native"
+    if not three_real(a_dtype, device):
+        return "native"
+    if (device == "gpu" and not batched and k >= THREE_REAL_MIN and min(m, n) >= 256
+            and m * n <= CUBLAS_3M_MAX and _cublas.available()):
+        return "cublas"
+    return "three" if min(dims) >= THREE_REAL_MIN else "native"
 
 
 def matmul(a: Any, b: Any, *, conj_a: bool = False,
@@ -129,7 +137,10 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
     made natively instead.
     """
     xp = xp_of(a)
-    way = product_way(a.dtype, b.dtype, _gemm_dims(a, b, shapes), "gpu" if xp is not np else "cpu")
+    sb = b.shape if shapes is None else shapes[1]
+    batched = len(sb) > 2 and prod(sb[:-2]) > 1
+    way = product_way(a.dtype, b.dtype, _gemm_dims(a, b, shapes),
+                      "gpu" if xp is not np else "cpu", batched)
     if way == "interleaved":
         return _interleaved_product(xp, a, b, conj_a, shapes)
     if way == "three":
@@ -142,6 +153,9 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
                 raise
     if shapes is not None:
         a, b = a.reshape(shapes[0]), b.reshape(shapes[1])
+    if way == "cublas":  # one product (batched is never "cublas"): its 2-D operands
+        out = _cublas.gemm3m(a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), conj_a)
+        return out.reshape(tuple(sb[:-2]) + out.shape)
     return xp.matmul(a.conj() if conj_a else a, b)
 
 
@@ -150,6 +164,9 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
 #: well below the memory's speed (one H100: 32 M×16×16 in 13.0 ms as ZGEMM, 6.5 ms so;
 #: benchmarks/README.md, "Complex products").
 THIN_MAX = 32
+#: The most elements of a result ``cublasZgemm3m`` makes (larger ones: src_dask's planes,
+#: faster there; one H200: benchmarks/README.md, "Complex products").
+CUBLAS_3M_MAX = 1 << 25
 
 
 def _interleaved_product(xp: Any, a: Any, b: Any, conj_a: bool,
