@@ -873,10 +873,10 @@ def test_complex_products_made_from_real_ones_on_the_gpu_are_the_native_ones(way
     real = getattr(_kernels, "_interleaved_product" if way == "interleaved" else
                    "_three_real_product", None)
     if way == "cublas":
-        monkeypatch.setattr(_kernels, "CUBLAS_3M_MAX", m * n)
         real = _cublas.gemm3m
         monkeypatch.setattr(_cublas, "gemm3m", lambda *a, **kw: made.append(1) or real(*a, **kw))
     else:
+        monkeypatch.setattr(_kernels, "CUBLAS_3M_SIDE", 0)  # the planes, not cuBLAS's 3M
         monkeypatch.setattr(_kernels, real.__name__,
                             lambda *a, **kw: made.append(1) or real(*a, **kw))
     with dask.config.set({"src_dask.complex-products": "3m"}):

@@ -171,6 +171,7 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
         m.setattr(_kernels, "THREE_REAL_MIN", 10**6)
         assert _kernels.contraction_elements(eq, shapes, True) == \
             _kernels.contraction_elements(eq, shapes)
+    monkeypatch.setattr(_kernels, "CUBLAS_3M_SIDE", 16)  # blocks of 32 rows: the planes
     with _three():
         gpu = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
         gpu_columns = _plan.sketch_column_bytes(stack, "gpu")
@@ -182,6 +183,12 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
     assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == gpu  # the default: auto
+    # pieces and updates of at most CUBLAS_3M_SIDE rows are cuBLAS's 3M: no planes
+    monkeypatch.setattr(_kernels, "CUBLAS_3M_SIDE", 64)
+    with _three():
+        cublas = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
+    for kind in ("sketch", "update"):
+        assert cublas[kind] == native[kind], kind
 
 
 def test_which_wide_products_go_to_cublas_3m(monkeypatch):

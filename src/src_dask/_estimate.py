@@ -351,8 +351,10 @@ def _pass2_parts(stack: Stack, sweep: SweepPlan, j: int) -> tuple[int, int, int]
                                       three)
                + block * right)
     sketch, update = plan.chunk * block * ud, q * rows * ud + 2 * q * left
-    if three:  # the planes of both operands and half the product more (_kernels.matmul)
+    # the planes of both operands and half the product more (_kernels.matmul)
+    if K.planes(stack.dtype, plan.device, plan.chunk):
         sketch += K.three_real_elements(plan.chunk * left, block * left * ud, sketch) - sketch
+    if K.planes(stack.dtype, plan.device, q):
         update += K.three_real_elements(q * block * ud, block * left * ud, q * left) - q * left
     return project, sketch, update
 

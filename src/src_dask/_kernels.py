@@ -98,11 +98,10 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
                 batched: bool = False) -> str:
     """How :func:`matmul` makes a product of ``(m, k, n) = dims``: ``"interleaved"``
     (thin: ``k`` and ``n`` at most :data:`THIN_MAX`); with :func:`three_real`,
-    ``"cublas"`` (on a GPU, one product whose result is small against the work:
-    ``k`` at least :data:`THREE_REAL_MIN`, ``m`` and ``n`` at least 256 and
-    ``m·n`` at most :data:`CUBLAS_3M_MAX`, by ``cublasZgemm3m``) or ``"three"``
-    (wide: all three at least :data:`THREE_REAL_MIN`, src_dask's planes); else
-    ``"native"``."""
+    ``"cublas"`` (on a GPU, one product with a short side: ``k`` at least
+    :data:`THREE_REAL_MIN`, the lesser of ``m`` and ``n`` from 256 to
+    :data:`CUBLAS_3M_SIDE`, by ``cublasZgemm3m``) or ``"three"`` (wide: all three at
+    least :data:`THREE_REAL_MIN`, src_dask's planes); else ``"native"``."""
     if np.dtype(a_dtype) != np.dtype(b_dtype):
         return "native"
     m, k, n = dims
@@ -110,8 +109,8 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
         return "interleaved"
     if not three_real(a_dtype, device):
         return "native"
-    if (device == "gpu" and not batched and k >= THREE_REAL_MIN and min(m, n) >= 256
-            and m * n <= CUBLAS_3M_MAX and _cublas.available()):
+    if (device == "gpu" and not batched and k >= THREE_REAL_MIN
+            and 256 <= min(m, n) <= CUBLAS_3M_SIDE and _cublas.available()):
         return "cublas"
     return "three" if min(dims) >= THREE_REAL_MIN else "native"
 
@@ -164,9 +163,19 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
 #: well below the memory's speed (one H100: 32 M×16×16 in 13.0 ms as ZGEMM, 6.5 ms so;
 #: benchmarks/README.md, "Complex products").
 THIN_MAX = 32
-#: The most elements of a result ``cublasZgemm3m`` makes (larger ones: src_dask's planes,
-#: faster there; one H200: benchmarks/README.md, "Complex products").
-CUBLAS_3M_MAX = 1 << 25
+#: The longest short side (rows or columns) of a result ``cublasZgemm3m`` makes: the
+#: sketch pieces and environment updates, whose rows are sketch columns. Results large
+#: both ways are made faster with src_dask's planes (one H200: benchmarks/README.md,
+#: "Complex products").
+CUBLAS_3M_SIDE = 4096
+
+
+def planes(dtype: Any, device: str, rows: int) -> bool:
+    """Whether wide products of at most ``rows`` rows (a sketch block, an environment's
+    rows) hold the real planes of their operands (:func:`_three_real_product`): with
+    :func:`three_real`, but not where cuBLAS's own 3M makes them, which needs none (the
+    plan assumes a GPU worker's cuBLAS has it)."""
+    return three_real(dtype, device) and not (device == "gpu" and rows <= CUBLAS_3M_SIDE)
 
 
 def _interleaved_product(xp: Any, a: Any, b: Any, conj_a: bool,
@@ -480,7 +489,7 @@ def sketch_piece_bytes(env: Any, z: Any) -> int:
     as three real products, the row's planes and half a row of Mᵀ more)."""
     k = env.ndim - 1
     row, out = prod(env.shape[1:]), prod(z.shape[k:])
-    if three_real(z.dtype, _device_of(z)):
+    if planes(z.dtype, _device_of(z), env.shape[0]):
         row, out = 2 * row, out + (out + 1) // 2
     return (row + out) * np.dtype(z.dtype).itemsize
 
@@ -706,7 +715,7 @@ def update_row_bytes(eta: Any, z: Any) -> int:
     conjugated copy) and of ``S'`` (the product, the running sum and the sum)."""
     k = z.ndim - 3
     out = 3 * prod(z.shape[:k])
-    if three_real(z.dtype, _device_of(z)):  # η's planes replace its conjugated copy
+    if planes(z.dtype, _device_of(z), eta.shape[0]):  # η's planes replace its conjugated copy
         out += (prod(z.shape[:k]) + 1) // 2
     return (2 * prod(eta.shape[1:]) + out) * np.dtype(z.dtype).itemsize
 

@@ -453,8 +453,8 @@ def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
     sketching them against a block of ``chunk`` columns of ``C_j``; ``update``:
     adding their share to ``S_{j-1}`` (η, ``left_rows × rows × U·D``, and the running
     sum, ``left_rows`` rows; ``rows`` and ``left_rows`` bound the output's bonds right
-    and left of the site). Complex products made as three real ones
-    (``_kernels.three_real``) hold both operands' planes and half their result more."""
+    and left of the site). Complex products made as three real ones from planes
+    (``_kernels.planes``) hold both operands' planes and half their result more."""
     from . import _kernels as K
 
     q = rows if left_rows is None else left_rows
@@ -465,8 +465,9 @@ def row_bytes(stack: Stack, site: int, rows: int, chunk: int,
     kinds = {"project": (0, K.project_row_bytes(_shapes(stack, site, device))),
              "sketch": (chunk * left * item, z_row + chunk * ud * item),
              "update": (2 * q * left * item + q * rows * ud * item, z_row)}
-    if K.three_real(stack.dtype, device):
+    if K.planes(stack.dtype, device, chunk):
         kinds["sketch"] = (2 * chunk * left * item, 2 * z_row + (3 * chunk * ud * item) // 2)
+    if K.planes(stack.dtype, device, q):
         kinds["update"] = (kinds["update"][0] + (q * left * item) // 2, 2 * z_row)
     return kinds
 
