@@ -129,3 +129,16 @@ def close_cores(y, z, rtol: float = 1e-12) -> bool:
     return len(ys) == len(zs) and all(
         p.shape == q.shape and np.abs(p - q).max() <= rtol * max(np.abs(q).max(), 1e-300)
         for p, q in zip(ys, zs, strict=True))
+
+
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """``owner.name`` wrapped to note each call: the list of calls (one ``1`` each)."""
+    calls = []
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls

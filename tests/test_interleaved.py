@@ -8,10 +8,10 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-from helpers import close_cores, dense_product, rel_err
+from helpers import count_calls
 from test_exact import STACKS
+from test_three_real import _random, exact_and_native
 
-import src_dask
 from src_dask import _kernels
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,24 +21,10 @@ def _way(value: str):
     return dask.config.set({"src_dask.complex-products": value})
 
 
-def _random(rng, shape, dtype=np.complex128):
-    x = rng.standard_normal(shape)
-    return (x + 1j * rng.standard_normal(shape)).astype(dtype) if np.dtype(dtype).kind == "c" \
-        else x.astype(dtype)
-
-
 @pytest.fixture
 def made(monkeypatch):
     """How many products were made interleaved."""
-    calls = []
-    interleaved = _kernels._interleaved_product
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return interleaved(*args, **kwargs)
-
-    monkeypatch.setattr(_kernels, "_interleaved_product", counted)
-    return calls
+    return count_calls(monkeypatch, _kernels, "_interleaved_product")
 
 
 TOL = {np.complex128: 1e-14, np.complex64: 1e-5}
@@ -101,12 +87,4 @@ def test_only_thin_complex_products_are_interleaved_and_native_makes_none(made):
 @pytest.mark.parametrize("stack", list(STACKS))
 @pytest.mark.parametrize("n,p", [(2, 2), (3, 3), (6, 2)])
 def test_src_with_interleaved_products_is_exact_and_the_native_result(stack, n, p, made):
-    trains = STACKS[stack](n, p)
-    with _way("native"):
-        native = src_dask.src(*trains, chi_out=200, seed=3)
-    assert made == []
-    with _way("auto"):
-        y = src_dask.src(*trains, chi_out=200, seed=3)
-    assert made  # the thin steps of pass 1 and the projections
-    assert rel_err(y, dense_product(*trains)) <= 1e-12
-    assert close_cores(y, native, rtol=1e-12)
+    exact_and_native(STACKS[stack](n, p), "auto", made)  # pass 1's and the projections' thin steps

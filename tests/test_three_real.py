@@ -6,7 +6,15 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err, same_cores
+from helpers import (
+    close_cores,
+    count_calls,
+    dense_product,
+    random_mpo,
+    random_mps,
+    rel_err,
+    same_cores,
+)
 from test_exact import STACKS, _uneven
 
 import src_dask
@@ -35,15 +43,7 @@ def _random(rng, shape, dtype=np.complex128):
 @pytest.fixture
 def products(monkeypatch):
     """How many products were made as three real ones."""
-    made = []
-    three = _kernels._three_real_product
-
-    def counted(*args, **kwargs):
-        made.append(1)
-        return three(*args, **kwargs)
-
-    monkeypatch.setattr(_kernels, "_three_real_product", counted)
-    return made
+    return count_calls(monkeypatch, _kernels, "_three_real_product")
 
 
 @pytest.mark.parametrize("conj_a", [False, True])
@@ -135,13 +135,18 @@ def test_a_product_that_runs_out_of_memory_as_three_is_made_natively(monkeypatch
 @pytest.mark.parametrize("stack", list(STACKS))
 @pytest.mark.parametrize("n,p", [(2, 2), (3, 3), (6, 2)])
 def test_src_with_three_real_products_is_exact_and_the_native_result(stack, n, p, products):
-    trains = STACKS[stack](n, p)
+    exact_and_native(STACKS[stack](n, p), "3m", products)  # pass 1, projections, pieces, updates
+
+
+def exact_and_native(trains, setting: str, calls: list) -> None:
+    """``src`` of ``trains`` with ``complex-products: setting`` makes ``calls`` (none
+    natively), is exact and is the native result to 1e-12."""
     with _three("native"):
         native = src_dask.src(*trains, chi_out=200, seed=3)
-    assert products == []
-    with _three():
+    assert calls == []
+    with _three(setting):
         y = src_dask.src(*trains, chi_out=200, seed=3)
-    assert products  # pass 1, the projections, sketches and updates
+    assert calls
     assert rel_err(y, dense_product(*trains)) <= 1e-12
     assert close_cores(y, native, rtol=1e-12)
 
