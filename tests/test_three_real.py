@@ -99,15 +99,14 @@ def test_thin_products_stay_native(monkeypatch, products):
 
 def test_auto_is_the_default_and_other_settings_an_error():
     assert dask.config.get("src_dask.complex-products") == "auto"
-    assert _kernels.three_real(np.complex128, "gpu") and not _kernels.three_real(
-        np.complex128, "cpu")
+    assert not _kernels.three_real(np.complex128, "gpu")
     with _three("native"):
         assert not _kernels.three_real(np.complex128, "gpu")
     with _three():
         assert _kernels.three_real(np.complex128, "gpu") and _kernels.three_real(
             np.complex128, "cpu")
     with _three("auto"):
-        assert _kernels.three_real(np.complex128, "gpu")
+        assert not _kernels.three_real(np.complex128, "gpu")
         assert not _kernels.three_real(np.complex128, "cpu")
         assert not _kernels.three_real(np.complex64, "gpu")
     with _three("fast"), pytest.raises(ValueError, match="complex-products"):
@@ -187,7 +186,7 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
         assert gpu[kind][0] > native[kind][0] and gpu[kind][1] > native[kind][1], kind
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
-    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == gpu  # the default: auto
+    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == native  # the default: auto
     # pieces and updates of at most CUBLAS_3M_SIDE rows are cuBLAS's 3M: no planes
     monkeypatch.setattr(_kernels, "CUBLAS_3M_SIDE", 64)
     with _three():
@@ -207,6 +206,8 @@ def test_which_wide_products_go_to_cublas_3m(monkeypatch):
     way = _kernels.product_way
     c = np.complex128
     with _three("auto"):
+        assert way(c, c, (32000, 1000, 16000), "gpu") == "native"
+    with _three():
         assert way(c, c, (500, 64000, 8000), "gpu") == "native"  # m < 512, no cuBLAS here
         monkeypatch.setattr(_cublas, "available", lambda: True)
         assert way(c, c, (500, 64000, 8000), "gpu") == "cublas"  # the sketch piece
@@ -214,7 +215,8 @@ def test_which_wide_products_go_to_cublas_3m(monkeypatch):
         assert way(c, c, (500, 8000, 64000), "gpu", batched=True) == "native"
         assert way(c, c, (32000, 1000, 16000), "gpu") == "three"  # a large result
         assert way(c, c, (16, 1000, 64000), "gpu") == "native"  # too few rows for either
-        assert way(c, c, (500, 64000, 8000), "cpu") == "native"
+        assert way(c, c, (500, 64000, 8000), "cpu") == "native"  # m < 512
+        assert way(c, c, (600, 64000, 8000), "cpu") == "three"
         assert way(np.complex64, np.complex64, (500, 64000, 8000), "gpu") == "native"
     with _three("native"):
         assert way(c, c, (500, 64000, 8000), "gpu") == "native"

@@ -77,12 +77,11 @@ def all_finite(x: Any) -> bool:
 # -- complex products from real ones -------------------------------------------
 def three_real(dtype: Any, device: str) -> bool:
     """Whether wide complex products of ``dtype`` on ``device`` are made as three real
-    ones: complex128 ones where config ``complex-products`` is ``3m``, or ``auto``
-    and the device a GPU (a CPU's BLAS gains little from it)."""
+    ones: complex128 ones where config ``complex-products`` is ``3m`` (``auto`` leaves
+    them native until the GPU stacks measure them faster: benchmarks/README.md)."""
     if np.dtype(dtype) != np.complex128:  # before the config: every product asks
         return False
-    want = config.get_choice("complex-products", ("native", "3m", "auto"))
-    return want == "3m" or (want == "auto" and device == "gpu")
+    return config.get_choice("complex-products", ("native", "3m", "auto")) == "3m"
 
 
 def interleaved(dtype: Any) -> bool:
