@@ -11,8 +11,8 @@ and ``S'`` separately and keeps the big products in BLAS/cuBLAS.
 
 Every kernel is written once against the array namespace of its inputs
 (``numpy`` or ``cupy``); contraction orders are planned by opt_einsum once per
-shape and executed as batched matrix products (:func:`matmul`), complex ones as
-three real products where that is faster (config ``complex-products``).
+shape and executed as batched matrix products (:func:`matmul`), complex ones made
+from real products where that is faster (config ``complex-products``).
 """
 
 from __future__ import annotations
