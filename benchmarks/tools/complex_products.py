@@ -13,6 +13,9 @@ CUDA events (issue 31, items 1 and 5):
   (``src_dask._kernels._three_real_product``).
 
 Each way's largest difference from ZGEMM is relative to the result's largest entry.
+Then ``cublasZgemm3m`` runs once more on the piece's shape with all but 2 GB and all but
+256 MB of the device taken (``little_memory``): whether it allocates device memory of
+its own, outside RMM's and CuPy's pools, which the plan could not count.
 
     python benchmarks/tools/complex_products.py --out complex_products.json
 """
@@ -81,8 +84,30 @@ def main() -> None:
         res["shapes"].append(row)
         del a, b, ref
         cp.get_default_memory_pool().free_all_blocks()
+    res["little_memory"] = little_memory(cp, _cublas) if _cublas.available() else None
+    print(json.dumps(res["little_memory"]), flush=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
+
+
+def little_memory(cp: Any, cublas: Any, m: int = 500, k: int = 64000, n: int = 8000) -> dict:
+    """``cublasZgemm3m`` of ``m k n`` with 2 GB, then 256 MB of the device left free:
+    whether it ran and was right, by how much it left."""
+    a, b = cp.ones((m, k), cp.complex128), cp.ones((k, n), cp.complex128)
+    out = {}
+    for left in (2 << 30, 256 << 20):
+        cp.get_default_memory_pool().free_all_blocks()
+        free, _ = cp.cuda.runtime.memGetInfo()
+        taken = cp.cuda.runtime.malloc(free - left)
+        try:
+            c = cublas.gemm3m(a, b)
+            out[str(left)] = {"ok": bool(abs(complex(c[0, 0]) - k) < 1e-6)}
+        except Exception as err:  # noqa: BLE001 - what failed is the answer
+            out[str(left)] = {"error": repr(err)[:200]}
+        finally:
+            cp.cuda.Device().synchronize()
+            cp.cuda.runtime.free(taken)
+    return out
 
 
 if __name__ == "__main__":
