@@ -21,6 +21,13 @@ def _way(value: str):
     return dask.config.set({"src_dask.complex-products": value})
 
 
+@pytest.fixture(autouse=True)
+def _small_products_too(monkeypatch):
+    """The tests' products are small: made interleaved all the same (but in the test of
+    the least size)."""
+    monkeypatch.setattr(_kernels, "THIN_MIN_ELEMENTS", 0)
+
+
 @pytest.fixture
 def made(monkeypatch):
     """How many products were made interleaved."""
@@ -88,3 +95,15 @@ def test_only_thin_complex_products_are_interleaved_and_native_makes_none(made):
 @pytest.mark.parametrize("n,p", [(2, 2), (3, 3), (6, 2)])
 def test_src_with_interleaved_products_is_exact_and_the_native_result(stack, n, p, made):
     exact_and_native(STACKS[stack](n, p), "auto", made)  # pass 1's and the projections' thin steps
+
+
+def test_tiny_thin_products_stay_native(monkeypatch, made):
+    monkeypatch.setattr(_kernels, "THIN_MIN_ELEMENTS", 64 * 16)
+    rng = np.random.default_rng(3)
+    tiny, big = (_random(rng, (63, 16)), _random(rng, (16, 8))), \
+        (_random(rng, (64, 16)), _random(rng, (16, 8)))
+    with _way("auto"):
+        assert np.array_equal(_kernels.matmul(*tiny), np.matmul(*tiny))
+        assert made == []
+        _kernels.matmul(*big)
+    assert made == [1]

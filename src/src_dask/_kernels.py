@@ -96,7 +96,8 @@ def interleaved(dtype: Any) -> bool:
 def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: str,
                 batched: bool = False) -> str:
     """How :func:`matmul` makes a product of ``(m, k, n) = dims``: ``"interleaved"``
-    (thin: ``k`` and ``n`` at most :data:`THIN_MAX`); with :func:`three_real`,
+    (thin: ``k`` and ``n`` at most :data:`THIN_MAX`, ``a`` of at least
+    :data:`THIN_MIN_ELEMENTS`); with :func:`three_real`,
     ``"cublas"`` (on a GPU, one product with a short side: ``k`` at least
     :data:`THREE_REAL_MIN`, the lesser of ``m`` and ``n`` from 256 to
     :data:`CUBLAS_3M_SIDE`, by ``cublasZgemm3m``) or ``"three"`` (wide: all three at
@@ -104,7 +105,7 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
     if np.dtype(a_dtype) != np.dtype(b_dtype):
         return "native"
     m, k, n = dims
-    if max(k, n) <= THIN_MAX and interleaved(a_dtype):
+    if max(k, n) <= THIN_MAX and m * k >= THIN_MIN_ELEMENTS and interleaved(a_dtype):
         return "interleaved"
     if not three_real(a_dtype, device):
         return "native"
@@ -162,6 +163,9 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
 #: well below the memory's speed (one H100: 32 M×16×16 in 13.0 ms as ZGEMM, 6.5 ms so;
 #: benchmarks/README.md, "Complex products").
 THIN_MAX = 32
+#: The fewest elements of ``a`` in a thin product made interleaved: smaller ones take
+#: microseconds either way, and building ``w`` would add to them.
+THIN_MIN_ELEMENTS = 1 << 15
 #: The longest short side (rows or columns) of a result ``cublasZgemm3m`` makes: the
 #: sketch pieces and environment updates, whose rows are sketch columns. Results large
 #: both ways are made faster with src_dask's planes (one H200: benchmarks/README.md,
