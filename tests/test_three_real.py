@@ -99,14 +99,15 @@ def test_thin_products_stay_native(monkeypatch, products):
 
 def test_auto_is_the_default_and_other_settings_an_error():
     assert dask.config.get("src_dask.complex-products") == "auto"
-    assert not _kernels.three_real(np.complex128, "gpu")
+    assert _kernels.three_real(np.complex128, "gpu")  # measured faster on GPU stacks
+    assert not _kernels.three_real(np.complex128, "cpu")  # and slower on the CPU's BLAS
     with _three("native"):
         assert not _kernels.three_real(np.complex128, "gpu")
     with _three():
         assert _kernels.three_real(np.complex128, "gpu") and _kernels.three_real(
             np.complex128, "cpu")
     with _three("auto"):
-        assert not _kernels.three_real(np.complex128, "gpu")
+        assert _kernels.three_real(np.complex128, "gpu")
         assert not _kernels.three_real(np.complex128, "cpu")
         assert not _kernels.three_real(np.complex64, "gpu")
     with _three("fast"), pytest.raises(ValueError, match="complex-products"):
@@ -182,11 +183,13 @@ def test_the_plan_counts_the_planes_of_three_real_products(monkeypatch):
     with _three("native"):
         native = _plan.row_bytes(stack, 3, 64, 32, device="gpu")
         native_columns = _plan.sketch_column_bytes(stack, "gpu")
+        native_cpu = _plan.row_bytes(stack, 3, 64, 32, device="cpu")
     for kind in ("sketch", "update"):
         assert gpu[kind][0] > native[kind][0] and gpu[kind][1] > native[kind][1], kind
     assert gpu["project"][1] >= native["project"][1]
     assert gpu_columns >= native_columns
-    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == native  # the default: auto
+    assert _plan.row_bytes(stack, 3, 64, 32, device="gpu") == gpu  # the default: auto
+    assert _plan.row_bytes(stack, 3, 64, 32, device="cpu") == native_cpu  # native there
     # pieces and updates of at most CUBLAS_3M_SIDE rows are cuBLAS's 3M: no planes
     monkeypatch.setattr(_kernels, "CUBLAS_3M_SIDE", 64)
     with _three():
@@ -205,8 +208,9 @@ def test_which_wide_products_go_to_cublas_3m(monkeypatch):
     assert not _cublas.available()  # no CuPy here: looked for once, quietly
     way = _kernels.product_way
     c = np.complex128
-    with _three("auto"):
-        assert way(c, c, (32000, 1000, 16000), "gpu") == "native"
+    with _three("auto"):  # the GPU's as 3m; the CPU's native
+        assert way(c, c, (32000, 1000, 16000), "gpu") == "three"
+        assert way(c, c, (32000, 1000, 16000), "cpu") == "native"
     with _three():
         assert way(c, c, (500, 64000, 8000), "gpu") == "native"  # m < 512, no cuBLAS here
         monkeypatch.setattr(_cublas, "available", lambda: True)

@@ -77,11 +77,12 @@ def all_finite(x: Any) -> bool:
 # -- complex products from real ones -------------------------------------------
 def three_real(dtype: Any, device: str) -> bool:
     """Whether wide complex products of ``dtype`` on ``device`` are made as three real
-    ones: complex128 ones where config ``complex-products`` is ``3m`` (``auto`` leaves
-    them native until the GPU stacks measure them faster: benchmarks/README.md)."""
+    ones: complex128 ones where config ``complex-products`` is ``3m``, or ``auto`` on a
+    GPU (faster there on whole stacks; slower on the CPU's BLAS: benchmarks/README.md)."""
     if np.dtype(dtype) != np.complex128:  # before the config: every product asks
         return False
-    return config.get_choice("complex-products", ("native", "3m", "auto")) == "3m"
+    way = config.get_choice("complex-products", ("native", "3m", "auto"))
+    return way == "3m" or (way == "auto" and device == "gpu")
 
 
 def interleaved(dtype: Any) -> bool:
