@@ -81,7 +81,7 @@ def three_real(dtype: Any, device: str) -> bool:
     GPU (faster there on whole stacks; slower on the CPU's BLAS: benchmarks/README.md)."""
     if np.dtype(dtype) != np.complex128:  # before the config: every product asks
         return False
-    way = config.get_choice("complex-products", ("native", "3m", "auto"))
+    way = _complex_products()
     return way == "3m" or (way == "auto" and device == "gpu")
 
 
@@ -91,7 +91,12 @@ def interleaved(dtype: Any) -> bool:
     ``complex-products`` is ``native``."""
     if np.dtype(dtype).kind != "c":
         return False
-    return config.get_choice("complex-products", ("native", "3m", "auto")) != "native"
+    return _complex_products() != "native"
+
+
+def _complex_products() -> str:
+    """Config ``complex-products``, checked against its settings."""
+    return config.get_choice("complex-products", ("native", "3m", "auto"))
 
 
 def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: str,
