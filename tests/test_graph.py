@@ -1344,6 +1344,38 @@ def test_a_pinned_block_is_reused_by_size_and_made_outside_the_pools_lock(monkey
 
 
 @pytest.mark.timeout(30)
+def test_a_lease_collected_while_its_pool_holds_the_lock_does_not_deadlock(monkeypatch):
+    """A lease can be collected while its pool's lock is held by the same thread: the
+    cyclic garbage collector runs at any allocation, one inside the lock included, and
+    a collected lease gives its block back through that lock. It must not wait for
+    itself (the worker's thread would hang for good)."""
+    import threading
+    import types
+
+    from src_dask import _pinned
+
+    monkeypatch.setattr(_pinned, "_available", lambda: 1 << 40)
+    pool = _pinned.Pool(lambda size: types.SimpleNamespace(ptr=1, size=size))
+    held = [pool.lend(4 << 20)]
+
+    class Collecting(dict):
+        """Drops the held lease (as a collection would) at the lookup under the lock."""
+
+        def __missing__(self, size):
+            held.clear()
+            self[size] = []
+            return self[size]
+
+    pool._free = Collecting()
+    done = []
+    thread = threading.Thread(target=lambda: done.append(pool.lend(8 << 20)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert done and not held, "lending deadlocked on a lease given back under the lock"
+    assert [b.size for b in pool._free[4 << 20]] == [4 << 20]  # the collected one is back
+
+
+@pytest.mark.timeout(30)
 def test_a_pinned_block_past_the_free_memory_frees_the_spare_ones_first(monkeypatch):
     """A new pinned block that the host's free memory would not hold lets go of the
     pool's spare blocks first, and if still too big is a MemoryError, never faulted in

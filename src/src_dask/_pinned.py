@@ -114,7 +114,10 @@ class Pool:
     def __init__(self, make: Any) -> None:
         self._make = make
         self._free: dict[int, list[Block]] = defaultdict(list)
-        self._lock = threading.Lock()
+        # reentrant: a lease collected while this thread holds the lock (the cyclic
+        # collector runs at any allocation, a list made here included) gives its block
+        # back through the same lock; a plain Lock would deadlock the thread
+        self._lock = threading.RLock()
         self.made = 0  # blocks made, for the benchmarks' and the tests' counts
 
     def lend(self, nbytes: int) -> Lease:
