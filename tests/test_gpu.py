@@ -12,7 +12,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from helpers import random_mpo, random_mps
+from helpers import count_calls, random_mpo, random_mps
 
 import src_dask
 
@@ -892,3 +892,37 @@ def test_complex_products_made_from_real_ones_on_the_gpu_are_the_native_ones(way
     with dask.config.set({"src_dask.complex-products": "native"}):
         ref = _on("gpu", *trains, chi_out=64, seed=1)
     _same(y, ref, tol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float32])
+def test_small_cores_applied_on_the_gpu_are_the_einsum(dtype, monkeypatch):
+    """``_kernels._apply_small``'s CUDA kernel against CuPy's einsum on a stack's
+    projection and pass 1, and a whole run made with it against the run without."""
+    import cupy
+
+    from src_dask import _kernels
+
+    monkeypatch.setattr(_kernels, "APPLY_LARGE_MIN", 1000)
+    made = count_calls(monkeypatch, _kernels, "_apply_small")
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        x = rng.standard_normal(shape) + (1j * rng.standard_normal(shape)
+                                         if np.dtype(dtype).kind == "c" else 0)
+        return cupy.asarray(x.astype(dtype))
+
+    cores = [rand(*s) for s in [(4, 2, 3, 4), (3, 4, 4, 2), (90, 70, 2, 5), (2, 3, 5, 3)]]
+    a, b, x = _kernels._symbols(4)
+    project = ",".join(_kernels._core_terms(4)) + f",r{b}->{a}r{x[0]}{x[4]}"
+    sketch = _kernels._sketch_step_eq(4)
+    env, left, omega = rand(60, 2, 4, 70, 3), rand(50, 4, 3, 90, 2), rand(50, 3, 3)
+    tol = 1e-12 if dtype == np.complex128 else 1e-5
+    for eq, ops in [(project, (*cores, env)), (sketch, (left, omega, *cores))]:
+        want = cupy.einsum(eq, *ops)
+        got = _kernels.contract(eq, *ops)
+        assert float(cupy.abs(got - want).max() / cupy.abs(want).max()) <= tol, eq
+    assert len(made) >= 3
+    trains = STACKS["mpo.mpo.mps"](np.complex128)
+    y = _on("gpu", *trains, chi_out=64, seed=1)
+    monkeypatch.setattr(_kernels, "APPLY_SMALL_MAX", 0)
+    _same(y, _on("gpu", *trains, chi_out=64, seed=1), tol=1e-12)

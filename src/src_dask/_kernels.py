@@ -329,7 +329,8 @@ def _plan(eq: str, shapes: tuple[tuple[int, ...], ...]) -> tuple[list[tuple], st
             nc, nfb = prod(sizes[c] for c in contr), prod(sizes[c] for c in fb)
             tr = "".join(batch + fa + fb)
             steps.append((pos, "matmul", (sum_a, sum_b, perm_a, perm_b, (nb, nfa, nc),
-                                          (nb, nc, nfb), tuple(sizes[c] for c in tr))))
+                                          (nb, nc, nfb), tuple(sizes[c] for c in tr),
+                                          len(batch), len(contr))))
         terms = rest + [tr]
     (final,) = terms
     return steps, "".join(final)
@@ -339,6 +340,7 @@ def contract(eq: str, *arrays: Any) -> Any:
     """``einsum(eq, *arrays)`` along opt_einsum's path, each pair as a (batched) GEMM."""
     xp = xp_of(arrays[0])
     steps, final = _plan(eq, tuple(tuple(a.shape) for a in arrays))
+    out = eq.split("->")[1]
     ops = list(arrays)
     for pos, how, spec in steps:
         picked = [ops[p] for p in pos]
@@ -346,17 +348,218 @@ def contract(eq: str, *arrays: Any) -> Any:
         if how == "einsum":
             ops.append(xp.einsum(spec, *picked))
             continue
-        sum_a, sum_b, perm_a, perm_b, shape_a, shape_b, shape_out = spec
+        sum_a, sum_b, perm_a, perm_b, shape_a, shape_b, shape_out, n_batch, n_contr = spec
         a, b = picked
         if sum_a:
             a = a.sum(axis=sum_a)
         if sum_b:
             b = b.sum(axis=sum_b)
-        ops.append(matmul(a.transpose(perm_a), b.transpose(perm_b), shapes=(shape_a, shape_b))
-                   .reshape(shape_out))
+        a, b = a.transpose(perm_a), b.transpose(perm_b)
+        if _applies(xp, a, b, n_batch, n_contr):
+            last = not ops  # the result's memory in eq's output order: contiguous
+            order = tuple(final.index(c) for c in out) if last else None
+            ops.append(_apply_small(xp, a, b, n_batch, n_contr, order))
+            continue
+        ops.append(matmul(a, b, shapes=(shape_a, shape_b)).reshape(shape_out))
     (res,) = ops
-    out = eq.split("->")[1]
     return res.transpose(tuple(final.index(c) for c in out))
+
+
+#: The most elements of the small operand of a product :func:`_apply_small` makes, and
+#: the fewest of the large one: a large tensor contracted over a few of its axes with a
+#: small core (the projection's and pass 1's thin steps).
+APPLY_SMALL_MAX = 1 << 16
+APPLY_LARGE_MIN = 1 << 20
+#: The most free elements of the small operand a batch, and the most contracted ones: a
+#: thread holds that many sums and reads that many elements, and beyond a few dozen the
+#: GEMM is the faster (one H100: pass 1's step of 16 × 256 over 512,000 columns in 2.7 ms
+#: as a GEMM, 3.7 applied; benchmarks/README.md, "Small cores in one pass").
+APPLY_FREE_MAX = 32
+APPLY_CONTRACTED_MAX = 64
+#: Whether NumPy operands take :func:`_apply_small` too (the tests' switch: on the CPU
+#: BLAS makes these products well).
+_APPLY_ON_CPU = False
+
+
+def _applies(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int) -> bool:
+    """Whether the product of the (transposed) operands is one :func:`_apply_small`
+    makes: on a GPU, a small operand with a few free and contracted elements a batch
+    (a product bound by the memory's speed) and a large one."""
+    if (xp is np and not _APPLY_ON_CPU) or a.dtype != b.dtype or a.dtype.kind not in "fc" \
+            or min(*a.strides, *b.strides, 0) < 0:
+        return False
+    small, large = sorted((a, b), key=lambda x: x.size)
+    per_batch = small.size // max(1, prod(a.shape[:n_batch]))
+    k = prod(b.shape[n_batch:n_batch + n_contr])
+    return (small.size <= APPLY_SMALL_MAX and k <= APPLY_CONTRACTED_MAX
+            and per_batch // max(k, 1) <= APPLY_FREE_MAX and large.size >= APPLY_LARGE_MIN)
+
+
+def _apply_small(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int,
+                 order: tuple[int, ...] | None = None) -> Any:
+    """``a @ b`` over ``n_contr`` axes, batched over ``n_batch``, of operands with axes
+    ``(batch.., free_a.., contracted..)`` and ``(batch.., contracted.., free_b..)``, one of
+    them small, as one pass over the large one: the result's axes
+    ``(batch.., free_a.., free_b..)``.
+
+    A matrix product would first copy the large operand, a strided view, into
+    the GEMM's layout, and a GEMM with a side of a few elements runs far below the
+    memory's speed. Here one GPU thread takes one element of the large operand's free
+    (and batch) axes: it reads the contracted elements where they lie, multiplies each
+    by the small operand's column and writes the sums, the small operand's free
+    elements of the result: one read of the large operand and one write of the result.
+    Neighbouring threads take neighbouring elements of the large operand and of the
+    result. The result's memory holds its axes in ``order`` (a C-contiguous result in
+    that order, for the caller's last transpose) or, None, the small operand's free axes
+    first and then the large one's in its memory's order; the array returned is a view
+    with the axes in the product's order.
+    """
+    small_is_a = a.size <= b.size
+    large, small = (b, a) if small_is_a else (a, b)
+    batch = list(range(n_batch))
+    if small_is_a:
+        contr = list(range(n_batch, n_batch + n_contr))  # of b
+        free = list(range(n_batch + n_contr, b.ndim))
+        small_free = list(range(n_batch, a.ndim - n_contr))
+        w = xp.ascontiguousarray(a)  # (batch, free, contracted)
+    else:
+        contr = list(range(a.ndim - n_contr, a.ndim))  # of a
+        free = list(range(n_batch, a.ndim - n_contr))
+        small_free = list(range(n_batch + n_contr, b.ndim))
+        w = xp.ascontiguousarray(b.transpose(batch + small_free + list(range(
+            n_batch, n_batch + n_contr))))
+    k = prod(large.shape[i] for i in contr)
+    m = prod(small.shape[i] for i in small_free)  # the small operand's free elements
+    item = large.dtype.itemsize
+    tstride = [s // item for s in large.strides]
+    # the result's axes in the product's order: (size, stride in large, in w; small's?)
+    later = [prod(large.shape[i] for i in batch[n + 1:]) for n in batch]
+    axes = [(large.shape[i], tstride[i], later[i] * m * k, False) for i in batch]
+    mine = [(small.shape[i], 0, 0, True) for i in small_free]
+    theirs = [(large.shape[i], tstride[i], 0, False) for i in free]
+    axes += mine + theirs if small_is_a else theirs + mine
+    threads = sorted((n for n, ax in enumerate(axes) if not ax[3]), key=lambda n: -axes[n][1])
+    if order is None:
+        order = tuple(n for n, ax in enumerate(axes) if ax[3]) + tuple(threads)
+    result = xp.empty([axes[n][0] for n in order], dtype=large.dtype)
+    ostride = {n: result.strides[order.index(n)] // item for n in range(len(axes))}
+    toff = _offsets([(large.shape[i], tstride[i]) for i in contr])
+    ooff = _offsets([(axes[n][0], ostride[n]) for n, ax in enumerate(axes) if ax[3]])
+    if result.size:
+        _apply_kernel(xp, large, w.ravel(), m, k, _merged(
+            [(axes[n][0], axes[n][1], axes[n][2], ostride[n]) for n in threads]),
+            toff, ooff, result)
+    return result.transpose([order.index(n) for n in range(len(order))])
+
+
+def _offsets(axes: list[tuple[int, int]]) -> np.ndarray:
+    """The offsets of every element of ``axes`` (sizes and strides), in C order."""
+    offsets = np.zeros((), dtype=np.int64)
+    for size, stride in axes:
+        offsets = np.add.outer(offsets, np.arange(size, dtype=np.int64) * stride)
+    return offsets.ravel()
+
+
+def _merged(axes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``(size, strides..)`` of axes, outer first, with neighbours that step through
+    every array as one axis merged (fewer divisions a thread) and unit ones dropped."""
+    out: list[tuple[int, ...]] = []
+    for size, *strides in axes:
+        if size == 1:
+            continue
+        if out and all(o == s * size for o, s in zip(out[-1][1:], strides, strict=True)):
+            out[-1] = (out[-1][0] * size, *strides)
+        else:
+            out.append((size, *strides))
+    return out or [(1,) + (0,) * (len(axes[0]) - 1 if axes else 3)]
+
+
+def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int, ...]],
+                  toff: np.ndarray, ooff: np.ndarray, out: Any) -> None:
+    """For each element ``e`` of ``axes`` (sizes, strides in ``t``, ``w`` and ``out``):
+    ``out[o_e + ooff[r]] = Σ_j w[w_e + r k + j] · t[t_e + toff[j]]`` for the ``m`` rows
+    ``r`` of ``w``; ``t`` read through its memory (strides ≥ 0, all in elements)."""
+    span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides, strict=True)) // t.itemsize
+    sizes, ts, ws, os = (np.array(c, dtype=np.int64) for c in zip(*axes, strict=True))
+    if xp is np:  # the same sums by NumPy: the tests check the indexing on the CPU
+        flat = np.lib.stride_tricks.as_strided(t, shape=(span,), strides=(t.itemsize,))
+        digits = np.indices(sizes).reshape(len(sizes), -1)
+        tb, wb, ob = ts @ digits, ws @ digits, os @ digits
+        res = out.reshape(-1) if out.flags.c_contiguous else None
+        assert res is not None  # made by _apply_small: C-contiguous
+        for r in range(m):
+            acc = np.zeros(tb.size, dtype=out.dtype)
+            for j in range(k):
+                acc += w[wb + r * k + j] * flat[tb + toff[j]]
+            res[ob + ooff[r]] = acc
+        return
+    import cupy
+
+    flat = cupy.ndarray((span,), dtype=t.dtype, memptr=t.data)
+    params = _device_ints(cupy.cuda.Device().id,
+                          tuple(np.concatenate([sizes, ts, ws, os, toff, ooff]).tolist()))
+    n = int(np.prod(sizes))
+    block = 128
+    grid = min((n + block - 1) // block, 65535 * 8)
+    _apply_cuda(t.dtype, m)((grid,), (block,), (flat, w, out, params, np.int32(len(sizes)),
+                                                  np.int32(k), np.int64(n)))
+
+
+@lru_cache(maxsize=256)
+def _device_ints(device: int, values: tuple[int, ...]) -> Any:
+    """``values`` as an int64 array on GPU ``device``, made once per site shape (a
+    copy to the device each call would be a small transfer in the stream's way)."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.asarray(np.array(values, dtype=np.int64))
+
+
+_CTYPES = {"complex128": "complex<double>", "complex64": "complex<float>",
+           "float64": "double", "float32": "float"}
+
+
+@lru_cache(maxsize=64)
+def _apply_cuda(dtype: Any, m: int) -> Any:
+    """The kernel of :func:`_apply_kernel` for ``dtype`` and ``m`` rows of ``w`` (its
+    sums held in registers)."""
+    import cupy
+
+    code = """
+#include <cupy/complex.cuh>
+typedef SRC_DASK_T T;
+extern "C" __global__ void src_dask_apply_small(
+        const T* __restrict__ t, const T* __restrict__ w, T* __restrict__ out,
+        const long long* __restrict__ p, const int nd, const int k, const long long n) {
+    // p: the axes' sizes, strides in t, w and out (nd each), the k offsets in t, the
+    // SRC_DASK_ROWS offsets in out
+    const long long* toff = p + 4 * nd;
+    const long long* ooff = toff + k;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {
+        long long rest = e, tb = 0, wb = 0, ob = 0;
+        for (int d = nd - 1; d >= 0; --d) {
+            const long long size = p[d], digit = rest % size;
+            rest /= size;
+            tb += digit * p[nd + d];
+            wb += digit * p[2 * nd + d];
+            ob += digit * p[3 * nd + d];
+        }
+        T acc[SRC_DASK_ROWS];
+#pragma unroll
+        for (int r = 0; r < SRC_DASK_ROWS; ++r) acc[r] = T(0);
+        for (int j = 0; j < k; ++j) {
+            const T v = t[tb + toff[j]];
+#pragma unroll
+            for (int r = 0; r < SRC_DASK_ROWS; ++r) acc[r] += w[wb + r * k + j] * v;
+        }
+#pragma unroll
+        for (int r = 0; r < SRC_DASK_ROWS; ++r) out[ob + ooff[r]] = acc[r];
+    }
+}
+"""
+    return cupy.RawKernel(code, "src_dask_apply_small", options=(
+        f"-DSRC_DASK_T={_CTYPES[np.dtype(dtype).name]}", f"-DSRC_DASK_ROWS={m}"))
 
 
 def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
@@ -377,7 +580,7 @@ def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
             out = max(n for n, _ in picked)
             copies = 0
         else:
-            _, _, perm_a, perm_b, shape_a, shape_b, shape_out = spec
+            _, _, perm_a, perm_b, shape_a, shape_b, shape_out = spec[:7]
             out = prod(shape_out)
             copies = (prod(shape_a) * (list(perm_a) != sorted(perm_a))
                       + prod(shape_b) * (list(perm_b) != sorted(perm_b)))
@@ -467,7 +670,7 @@ def sketch_step_bytes(cores: list[Any]) -> int:
     shapes = ((1,) + tuple(c.shape[0] for c in cores), (1, cores[0].shape[2], cores[-1].shape[3]),
               *(tuple(c.shape) for c in cores))
     steps, _ = _plan(_sketch_step_eq(k), shapes)
-    biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
+    biggest = max((prod(spec[6]) for _, how, spec in steps if how == "matmul"), default=0)
     env_in, env_out = prod(shapes[0]), prod(c.shape[1] for c in cores)
     three = _three_real_row_extra(_sketch_step_eq(k), list(shapes), cores[0].dtype,
                                   _device_of(cores[0]))
@@ -483,7 +686,7 @@ def project_row_bytes(cores: list[Any]) -> int:
     shapes = (*(tuple(c.shape) for c in cores), (1,) + tuple(c.shape[1] for c in cores))
     eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
     steps, _ = _plan(eq, shapes)
-    biggest = max((prod(spec[-1]) for _, how, spec in steps if how == "matmul"), default=0)
+    biggest = max((prod(spec[6]) for _, how, spec in steps if how == "matmul"), default=0)
     s_row = prod(shapes[-1])
     z_row = prod(c.shape[0] for c in cores) * cores[0].shape[2] * cores[-1].shape[3]
     # the rows are S's: its terms first for the extra's count
@@ -522,7 +725,8 @@ def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None
             return None
         env = env[lo:hi]
     eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
-    return contract(eq, *cores, env)
+    # contiguous once here, not copied by the sketch's and the update's reshapes each
+    return xp.ascontiguousarray(contract(eq, *cores, env))
 
 
 def block_rows(rows: int, block: int, blocks: int) -> tuple[int, int]:
@@ -633,8 +837,8 @@ def _cholesky_qr2(rows: Any) -> Any | None:
     """
     xp = xp_of(rows)
     try:
-        rows = _cholesky_round(rows, rows.conj() @ rows.T)
-        error = rows.conj() @ rows.T  # I + E: how far from orthonormal round one left them
+        rows = _cholesky_round(rows, matmul(rows, rows.T, conj_a=True))
+        error = matmul(rows, rows.T, conj_a=True)  # I + E: how far round one left them
         error -= xp.eye(error.shape[0], dtype=error.dtype)
         # ‖E‖_F bounds the spectral norm: the first-order step below errs by O(‖E‖²)
         deviation = xp.linalg.norm(error)
@@ -645,7 +849,7 @@ def _cholesky_qr2(rows: Any) -> Any | None:
             # Cholesky of I + E is I + tril(E) - diag(E)/2 + O(E²), below rounding here
             # (most sketches land here: a GEMM instead of a second factorization)
             lower = xp.tril(error, -1) + xp.diag(xp.diagonal(error) / 2)
-            return rows - lower.conj() @ rows
+            return rows - matmul(lower, rows, conj_a=True)
         if deviation < 0.1:  # NaN compares False
             return _cholesky_round(rows, error + xp.eye(error.shape[0], dtype=error.dtype))
     except np.linalg.LinAlgError:  # not positive definite (raised where errors are checked)
