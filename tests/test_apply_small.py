@@ -6,6 +6,7 @@ indexing is the GPU kernel's, summed by NumPy."""
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from helpers import close_cores, count_calls, dense_product, rel_err
@@ -106,6 +107,9 @@ def test_only_products_of_a_small_and_a_large_operand_are_applied(monkeypatch):
     assert not _kernels._applies(np, small, large[:, :100], 0, 1)  # not large
     assert not _kernels._applies(np, small.astype(np.complex64), large, 0, 1)
     assert not _kernels._applies(np, small, large[:, ::-1], 0, 1)  # reversed strides
+    with dask.config.set({"src_dask.complex-products": "native"}):  # every one a ZGEMM
+        assert not _kernels._applies(np, small, large, 0, 1)
+        assert _kernels._applies(np, small.real.copy(), large.real.copy(), 0, 1)
     wide = _random(rng, (64, 8))  # 64 free elements: a GEMM's arithmetic
     assert not _kernels._applies(np, wide, large, 0, 1)
     deep = _random(rng, (4, 128)), _random(rng, (128, 200))  # 128 contracted: the same

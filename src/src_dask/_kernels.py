@@ -384,9 +384,12 @@ _APPLY_ON_CPU = False
 def _applies(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int) -> bool:
     """Whether the product of the (transposed) operands is one :func:`_apply_small`
     makes: on a GPU, a small operand with a few free and contracted elements a batch
-    (a product bound by the memory's speed) and a large one."""
+    (a product bound by the memory's speed) and a large one; complex ones not with
+    config ``complex-products: native``, which makes every complex product a ZGEMM."""
     if (xp is np and not _APPLY_ON_CPU) or a.dtype != b.dtype or a.dtype.kind not in "fc" \
             or min(*a.strides, *b.strides, 0) < 0:
+        return False
+    if a.dtype.kind == "c" and _complex_products() == "native":  # ZGEMM's bits, as promised
         return False
     small, large = sorted((a, b), key=lambda x: x.size)
     per_batch = small.size // max(1, prod(a.shape[:n_batch]))
