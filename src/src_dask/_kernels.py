@@ -435,7 +435,8 @@ def _apply_small(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int,
     m = prod(small.shape[i] for i in small_free)  # the small operand's free elements
     item = large.dtype.itemsize
     tstride = [s // item for s in large.strides]
-    # the result's axes in the product's order: (size, stride in large, in w; small's?)
+    # the result's axes in the product's order: (size, stride in large, stride in w,
+    # whether the small operand's free axis)
     later = [prod(large.shape[i] for i in batch[n + 1:]) for n in batch]
     axes = [(large.shape[i], tstride[i], later[i] * m * k, False) for i in batch]
     mine = [(small.shape[i], 0, 0, True) for i in small_free]
@@ -488,8 +489,7 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
         flat = np.lib.stride_tricks.as_strided(t, shape=(span,), strides=(t.itemsize,))
         digits = np.indices(sizes).reshape(len(sizes), -1)
         tb, wb, ob = ts @ digits, ws @ digits, os @ digits
-        res = out.reshape(-1) if out.flags.c_contiguous else None
-        assert res is not None  # made by _apply_small: C-contiguous
+        res = out.reshape(-1)  # a view: _apply_small makes out C-contiguous
         for r in range(m):
             acc = np.zeros(tb.size, dtype=out.dtype)
             for j in range(k):
