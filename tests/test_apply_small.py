@@ -146,3 +146,61 @@ def test_src_applying_small_cores_is_exact_and_the_run_without(stack, n, p, monk
     assert applied
     assert rel_err(y, dense_product(*trains)) <= 1e-12
     assert close_cores(y, before, rtol=1e-12)
+
+
+@pytest.fixture
+def three_real(monkeypatch):
+    """Every complex product of the tests' small shapes made as three real ones; the
+    planes each applied step read (True: a Gauss's, unsummed)."""
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 2)
+    monkeypatch.setattr(_kernels, "THIN_MAX", 0)
+    read = []
+    kernel = _kernels._apply_kernel
+
+    def spy(xp, t, *args):
+        read.append(isinstance(t, _kernels.Gauss))
+        return kernel(xp, t, *args)
+
+    monkeypatch.setattr(_kernels, "_apply_kernel", spy)
+    with dask.config.set({"src_dask.complex-products": "3m"}):
+        yield read
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_an_applied_step_sums_the_three_real_products_as_it_reads_them(
+        k, applied, three_real, monkeypatch):
+    monkeypatch.setattr(_kernels, "APPLY_SMALL_MAX", 100)  # the wide step a GEMM
+    rng = np.random.default_rng(5)
+    shapes = [(4, 2, 3, 4), (3, 4, 4, 2), (9, 7, 2, 5), (2, 3, 5, 3)][-k:]
+    cores = [_random(rng, s) for s in shapes]
+    env = _random(rng, (6,) + tuple(s[1] for s in shapes))
+    project, sketch = _stack_eqs(k)
+    left = _random(rng, (5,) + tuple(s[0] for s in shapes))
+    omega = _random(rng, (5, shapes[0][2], shapes[-1][3]))
+    got = [_kernels.contract(project, *cores, env), _kernels.contract(sketch, left, omega, *cores)]
+    if k > 1:  # a wide step went on unsummed to an applied one
+        assert any(three_real)
+    _close(got[0], np.einsum(project, *cores, env), np.complex128)
+    _close(got[1], np.einsum(sketch, left, omega, *cores), np.complex128)
+    # the same sums as the complex result's, summed first: the same bits
+    product = _kernels._three_real_product
+    monkeypatch.setattr(_kernels, "_three_real_product",
+                        lambda *args, combine=True: product(*args))
+    three_real.clear()
+    assert np.array_equal(_kernels.contract(project, *cores, env), got[0])
+    assert np.array_equal(_kernels.contract(sketch, left, omega, *cores), got[1])
+    assert not any(three_real)
+
+
+def test_three_real_products_unsummed_reshape_and_transpose_as_their_sum(three_real):
+    rng = np.random.default_rng(6)
+    a, b = _random(rng, (6, 5)), _random(rng, (5, 12))
+    g = _kernels.matmul(a, b, gauss=True)
+    assert isinstance(g, _kernels.Gauss) and g.shape == (6, 12) and g.dtype == np.complex128
+    want = a @ b
+    _close(g.combined(), want, np.complex128)
+    moved = g.reshape((2, 3, 4, 3)).transpose((2, 0, 3, 1))
+    assert moved.shape == (4, 2, 3, 3)
+    assert moved.strides == want.reshape(2, 3, 4, 3).transpose(2, 0, 3, 1).strides
+    _close(moved.combined(), want.reshape(2, 3, 4, 3).transpose(2, 0, 3, 1), np.complex128)
+    assert not isinstance(_kernels.matmul(a, b), _kernels.Gauss)

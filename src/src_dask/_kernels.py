@@ -122,7 +122,8 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
 
 
 def matmul(a: Any, b: Any, *, conj_a: bool = False,
-           shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
+           shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+           gauss: bool = False) -> Any:
     """``conj(a) @ b`` (``conj_a``) or ``a @ b``, batched over leading axes, the
     operands reshaped to ``shapes`` first (when given).
 
@@ -139,7 +140,8 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
     copy a native product's reshape makes. The planes and the three products take
     ``a``, ``b`` and 1.5 times the result in memory besides the result
     (:func:`three_real_elements`); a product that runs out of memory that way is
-    made natively instead.
+    made natively instead. ``gauss``: such a product comes back as its three real
+    products, not summed (a :class:`Gauss`).
     """
     xp = xp_of(a)
     sb = b.shape if shapes is None else shapes[1]
@@ -152,7 +154,7 @@ def matmul(a: Any, b: Any, *, conj_a: bool = False,
         from ._oom import is_oom
 
         try:
-            return _three_real_product(xp, a, b, conj_a, shapes)
+            return _three_real_product(xp, a, b, conj_a, shapes, combine=not gauss)
         except Exception as err:  # noqa: BLE001 - only out-of-memory falls back
             if not is_oom(err):
                 raise
@@ -229,7 +231,8 @@ def _gemm_dims(a: Any, b: Any, shapes: tuple[tuple[int, ...], ...] | None) -> tu
 
 
 def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
-                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None) -> Any:
+                        shapes: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                        combine: bool = True) -> Any:
     pa, pb = _planes(xp, a, conj_a), _planes(xp, b, False)
     if shapes is not None:
         pa, pb = pa.reshape((2,) + tuple(shapes[0])), pb.reshape((2,) + tuple(shapes[1]))
@@ -238,7 +241,15 @@ def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
     pb[0] += pb[1]
     t3 = xp.matmul(pa[0], pb[0])
     del pa, pb
-    out = xp.empty(t3.shape, dtype=a.dtype)
+    if not combine:
+        return Gauss(t12, t3, a.dtype)
+    return _combined(xp, t12, t3, a.dtype)
+
+
+def _combined(xp: Any, t12: Any, t3: Any, dtype: Any) -> Any:
+    """The complex product from the three real ones (``t12`` and ``t3`` overwritten on
+    the CPU)."""
+    out = xp.empty(t3.shape, dtype=dtype)
     if xp is np:
         t3 -= t12[0]
         t3 -= t12[1]
@@ -247,6 +258,37 @@ def _three_real_product(xp: Any, a: Any, b: Any, conj_a: bool,
     else:
         _combine_kernel()(t12[0], t12[1], t3, out)
     return out
+
+
+class Gauss:
+    """A complex product ``t1 - t2 + i (t3 - t1 - t2)`` not yet summed: the three real
+    products (``t12`` holding ``t1`` and ``t2`` along its first axis, ``t3`` of the same
+    strides), reshaped and transposed as one array. The step of :func:`contract` that
+    takes it reads the planes itself (:func:`_apply_small`), which saves the pass that
+    writes the complex result and reads it back; any other step takes
+    :meth:`combined`."""
+
+    def __init__(self, t12: Any, t3: Any, dtype: Any) -> None:
+        self.t12, self.t3, self.dtype = t12, t3, np.dtype(dtype)
+
+    shape = property(lambda self: tuple(self.t3.shape))
+    ndim = property(lambda self: self.t3.ndim)
+    size = property(lambda self: self.t3.size)
+    #: in bytes of the complex dtype, as the complex result would have them
+    strides = property(lambda self: tuple(s * 2 for s in self.t3.strides))
+
+    def reshape(self, shape: tuple[int, ...]) -> Gauss:
+        return Gauss(self.t12.reshape((2,) + tuple(shape)), self.t3.reshape(shape), self.dtype)
+
+    def transpose(self, perm: tuple[int, ...]) -> Gauss:
+        return Gauss(self.t12.transpose((0,) + tuple(p + 1 for p in perm)),
+                     self.t3.transpose(perm), self.dtype)
+
+    def combined(self) -> Any:
+        xp = xp_of(self.t3)
+        if xp is np:  # NumPy's sums overwrite the products (only the tests get here)
+            return _combined(xp, self.t12.copy(), self.t3.copy(), self.dtype)
+        return _combined(xp, self.t12, self.t3, self.dtype)
 
 
 def _planes(xp: Any, x: Any, conj: bool) -> Any:
@@ -342,14 +384,19 @@ def contract(eq: str, *arrays: Any) -> Any:
     steps, final = _plan(eq, tuple(tuple(a.shape) for a in arrays))
     out = eq.split("->")[1]
     ops = list(arrays)
+    # a wide step's three real products go unsummed to the next step, which sums them
+    # as it reads them where it is one _apply_small (on a GPU, or the tests' CPU)
+    gauss = xp is not np or _APPLY_ON_CPU
     for pos, how, spec in steps:
         picked = [ops[p] for p in pos]
         ops = [a for i, a in enumerate(ops) if i not in pos]
         if how == "einsum":
-            ops.append(xp.einsum(spec, *picked))
+            ops.append(xp.einsum(spec, *_combined_all(picked)))
             continue
         sum_a, sum_b, perm_a, perm_b, shape_a, shape_b, shape_out, n_batch, n_contr = spec
         a, b = picked
+        if sum_a or sum_b:
+            a, b = _combined_all([a, b])
         if sum_a:
             a = a.sum(axis=sum_a)
         if sum_b:
@@ -360,9 +407,16 @@ def contract(eq: str, *arrays: Any) -> Any:
             order = tuple(final.index(c) for c in out) if last else None
             ops.append(_apply_small(xp, a, b, n_batch, n_contr, order))
             continue
-        ops.append(matmul(a, b, shapes=(shape_a, shape_b)).reshape(shape_out))
-    (res,) = ops
+        a, b = _combined_all([a, b])
+        ops.append(matmul(a, b, shapes=(shape_a, shape_b), gauss=gauss and bool(ops))
+                   .reshape(shape_out))
+    (res,) = _combined_all(ops)
     return res.transpose(tuple(final.index(c) for c in out))
+
+
+def _combined_all(arrays: list[Any]) -> list[Any]:
+    """``arrays`` with each :class:`Gauss` summed into its complex product."""
+    return [x.combined() if isinstance(x, Gauss) else x for x in arrays]
 
 
 #: The most elements of the small operand of a product :func:`_apply_small` makes, and
@@ -418,6 +472,8 @@ def _apply_small(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int,
     with the axes in the product's order.
     """
     small_is_a = a.size <= b.size
+    if isinstance(a if small_is_a else b, Gauss):  # the planes are read from the large one
+        a, b = _combined_all([a, b])
     large, small = (b, a) if small_is_a else (a, b)
     batch = list(range(n_batch))
     if small_is_a:
@@ -482,11 +538,24 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
                   toff: np.ndarray, ooff: np.ndarray, out: Any) -> None:
     """For each element ``e`` of ``axes`` (sizes, strides in ``t``, ``w`` and ``out``):
     ``out[o_e + ooff[r]] = Σ_j w[w_e + r k + j] · t[t_e + toff[j]]`` for the ``m`` rows
-    ``r`` of ``w``; ``t`` read through its memory (strides ≥ 0, all in elements)."""
-    span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides, strict=True)) // t.itemsize
+    ``r`` of ``w``; ``t`` read through its memory (strides ≥ 0, all in elements), a
+    :class:`Gauss` through its three planes."""
+    item = t.dtype.itemsize
+    span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides, strict=True)) // item
     sizes, ts, ws, os = (np.array(c, dtype=np.int64) for c in zip(*axes, strict=True))
+    gauss = isinstance(t, Gauss)
+    # the real planes' start, the second's offset from the first, the third's start
+    if gauss:
+        t1, t3, plane = t.t12[0], t.t3, t.t12.strides[0] // t.t3.itemsize
     if xp is np:  # the same sums by NumPy: the tests check the indexing on the CPU
-        flat = np.lib.stride_tricks.as_strided(t, shape=(span,), strides=(t.itemsize,))
+        if gauss:
+            def real(x: Any, n: int) -> Any:
+                return np.lib.stride_tricks.as_strided(x, shape=(n,), strides=(x.itemsize,))
+            r1, r2, r3 = real(t1, plane + span), None, real(t3, span)
+            r1, r2 = r1[:span], r1[plane:]
+            flat = (r1 - r2) + 1j * (r3 - r1 - r2)
+        else:
+            flat = np.lib.stride_tricks.as_strided(t, shape=(span,), strides=(item,))
         digits = np.indices(sizes).reshape(len(sizes), -1)
         tb, wb, ob = ts @ digits, ws @ digits, os @ digits
         res = out.reshape(-1)  # a view: _apply_small makes out C-contiguous
@@ -498,14 +567,21 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
         return
     import cupy
 
-    flat = cupy.ndarray((span,), dtype=t.dtype, memptr=t.data)
+    if gauss:
+        flat, flat3 = (cupy.ndarray((n,), dtype=t3.dtype, memptr=x.data)
+                       for x, n in ((t1, plane + span), (t3, span)))
+    else:
+        flat, flat3, plane = cupy.ndarray((span,), dtype=t.dtype, memptr=t.data), None, 0
     params = _device_ints(cupy.cuda.Device().id,
                           tuple(np.concatenate([sizes, ts, ws, os, toff, ooff]).tolist()))
     n = int(np.prod(sizes))
+    # 32-bit index arithmetic where every offset fits with room for the grid's stride
+    # (a 64-bit division is a long software sequence on a GPU, a few per element)
+    wide = max(span + plane, w.size, out.size, n) >= 1 << 30
     block = 128
     grid = min((n + block - 1) // block, 65535 * 8)
-    _apply_cuda(t.dtype, m)((grid,), (block,), (flat, w, out, params, np.int32(len(sizes)),
-                                                  np.int32(k), np.int64(n)))
+    _apply_cuda(t.dtype, m, k, len(sizes), wide, gauss)((grid,), (block,), (
+        flat, flat if flat3 is None else flat3, np.int64(plane), w, out, params, np.int64(n)))
 
 
 @lru_cache(maxsize=256)
@@ -520,49 +596,96 @@ def _device_ints(device: int, values: tuple[int, ...]) -> Any:
 
 _CTYPES = {"complex128": "complex<double>", "complex64": "complex<float>",
            "float64": "double", "float32": "float"}
+#: Elements of the large operand a thread loads before it sums them (all of them in
+#: flight at once, not one load a step of the sum; more would spill registers).
+_APPLY_LOADS = 16
 
 
 @lru_cache(maxsize=64)
-def _apply_cuda(dtype: Any, m: int) -> Any:
-    """The kernel of :func:`_apply_kernel` for ``dtype`` and ``m`` rows of ``w`` (its
-    sums held in registers)."""
+def _apply_cuda(dtype: Any, m: int, k: int, nd: int, wide: bool, gauss: bool) -> Any:
+    """The kernel of :func:`_apply_kernel` for ``dtype``, ``m`` rows of ``w``, ``k``
+    contracted elements and ``nd`` axes, with 64-bit (``wide``) or 32-bit offsets, the
+    large operand complex or three real planes (``gauss``): the loops' bounds known to
+    the compiler, so the sums sit in registers and a chunk of loads is in flight before
+    its products."""
     import cupy
 
     code = """
 #include <cupy/complex.cuh>
 typedef SRC_DASK_T T;
+typedef SRC_DASK_I I;
+#define M SRC_DASK_ROWS
+#define K SRC_DASK_K
+#define ND SRC_DASK_ND
+#define LOADS (K < SRC_DASK_LOADS ? K : SRC_DASK_LOADS)
+#if SRC_DASK_GAUSS
+// Gauss's three real products: t1 at t, t2 a plane further, t3 apart; summed as
+// _combine_kernel sums them
+typedef SRC_DASK_R R;
+__device__ __forceinline__ T load(const R* __restrict__ t, const R* __restrict__ t3,
+                                  const I plane, const I i) {
+    const R a = t[i], b = t[i + plane], c = t3[i];
+    return T(a - b, c - a - b);
+}
+#else
+typedef T R;
+__device__ __forceinline__ T load(const R* __restrict__ t, const R* __restrict__ t3,
+                                  const I plane, const I i) {
+    return t[i];
+}
+#endif
 extern "C" __global__ void src_dask_apply_small(
-        const T* __restrict__ t, const T* __restrict__ w, T* __restrict__ out,
-        const long long* __restrict__ p, const int nd, const int k, const long long n) {
-    // p: the axes' sizes, strides in t, w and out (nd each), the k offsets in t, the
-    // SRC_DASK_ROWS offsets in out
-    const long long* toff = p + 4 * nd;
-    const long long* ooff = toff + k;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
-         e += (long long)gridDim.x * blockDim.x) {
-        long long rest = e, tb = 0, wb = 0, ob = 0;
-        for (int d = nd - 1; d >= 0; --d) {
-            const long long size = p[d], digit = rest % size;
-            rest /= size;
-            tb += digit * p[nd + d];
-            wb += digit * p[2 * nd + d];
-            ob += digit * p[3 * nd + d];
+        const R* __restrict__ t, const R* __restrict__ t3, const long long plane,
+        const T* __restrict__ w, T* __restrict__ out, const long long* __restrict__ p,
+        const long long n) {
+    // p: the axes' sizes, strides in t, w and out (ND each), the K offsets in t, the
+    // M offsets in out
+    const long long* toff = p + 4 * ND;
+    const long long* ooff = toff + K;
+    I size[ND], st[ND], sw[ND], so[ND];
+#pragma unroll
+    for (int d = 0; d < ND; ++d) {
+        size[d] = (I)p[d]; st[d] = (I)p[ND + d]; sw[d] = (I)p[2 * ND + d];
+        so[d] = (I)p[3 * ND + d];
+    }
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < (I)n;
+         e += (I)gridDim.x * blockDim.x) {
+        I rest = e, tb = 0, wb = 0, ob = 0;
+#pragma unroll
+        for (int d = ND - 1; d >= 0; --d) {
+            const I q = rest / size[d], digit = rest - q * size[d];
+            rest = q;
+            tb += digit * st[d];
+            wb += digit * sw[d];
+            ob += digit * so[d];
         }
-        T acc[SRC_DASK_ROWS];
+        T acc[M];
 #pragma unroll
-        for (int r = 0; r < SRC_DASK_ROWS; ++r) acc[r] = T(0);
-        for (int j = 0; j < k; ++j) {
-            const T v = t[tb + toff[j]];
+        for (int r = 0; r < M; ++r) acc[r] = T(0);
 #pragma unroll
-            for (int r = 0; r < SRC_DASK_ROWS; ++r) acc[r] += w[wb + r * k + j] * v;
+        for (int j0 = 0; j0 < K; j0 += LOADS) {
+            T v[LOADS];
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j)
+                v[j] = j0 + j < K ? load(t, t3, (I)plane, tb + (I)toff[j0 + j]) : T(0);
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) {
+                if (j0 + j < K) {
+#pragma unroll
+                    for (int r = 0; r < M; ++r) acc[r] += w[wb + r * K + j0 + j] * v[j];
+                }
+            }
         }
 #pragma unroll
-        for (int r = 0; r < SRC_DASK_ROWS; ++r) out[ob + ooff[r]] = acc[r];
+        for (int r = 0; r < M; ++r) out[ob + (I)ooff[r]] = acc[r];
     }
 }
 """
     return cupy.RawKernel(code, "src_dask_apply_small", options=(
-        f"-DSRC_DASK_T={_CTYPES[np.dtype(dtype).name]}", f"-DSRC_DASK_ROWS={m}"))
+        f"-DSRC_DASK_T={_CTYPES[np.dtype(dtype).name]}", f"-DSRC_DASK_ROWS={m}",
+        f"-DSRC_DASK_K={k}", f"-DSRC_DASK_ND={nd}", f"-DSRC_DASK_LOADS={_APPLY_LOADS}",
+        f"-DSRC_DASK_I={'long long' if wide else 'int'}", f"-DSRC_DASK_GAUSS={int(gauss)}",
+        f"-DSRC_DASK_R={_CTYPES[np.dtype(dtype).type(0).real.dtype.name]}"))
 
 
 def contraction_elements(eq: str, shapes: tuple[tuple[int, ...], ...],
