@@ -171,12 +171,14 @@ def test_an_applied_step_sums_the_three_real_products_as_it_reads_them(
         k, applied, three_real, monkeypatch):
     monkeypatch.setattr(_kernels, "APPLY_SMALL_MAX", 100)  # the wide step a GEMM
     rng = np.random.default_rng(5)
-    shapes = [(4, 2, 3, 4), (3, 4, 4, 2), (9, 7, 2, 5), (2, 3, 5, 3)][-k:]
+    # the small cores square (results no larger than the large operand, which is read
+    # unsummed only then)
+    shapes = [(3, 3, 2, 2), (2, 2, 2, 2), (9, 7, 2, 2), (3, 3, 2, 2)][-k:]
     cores = [_random(rng, s) for s in shapes]
-    env = _random(rng, (6,) + tuple(s[1] for s in shapes))
+    env = _random(rng, (20,) + tuple(s[1] for s in shapes))  # 20 rows: not small
     project, sketch = _stack_eqs(k)
-    left = _random(rng, (5,) + tuple(s[0] for s in shapes))
-    omega = _random(rng, (5, shapes[0][2], shapes[-1][3]))
+    left = _random(rng, (20,) + tuple(s[0] for s in shapes))
+    omega = _random(rng, (20, shapes[0][2], shapes[-1][3]))
     got = [_kernels.contract(project, *cores, env), _kernels.contract(sketch, left, omega, *cores)]
     if k > 1:  # a wide step went on unsummed to an applied one
         assert any(three_real)
@@ -204,3 +206,17 @@ def test_three_real_products_unsummed_reshape_and_transpose_as_their_sum(three_r
     assert moved.strides == want.reshape(2, 3, 4, 3).transpose(2, 0, 3, 1).strides
     _close(moved.combined(), want.reshape(2, 3, 4, 3).transpose(2, 0, 3, 1), np.complex128)
     assert not isinstance(_kernels.matmul(a, b), _kernels.Gauss)
+
+
+@pytest.mark.parametrize("rows,planes_read", [(2, True), (5, False)])
+def test_unsummed_products_are_read_only_into_a_result_no_larger(rows, planes_read,
+                                                                  three_real):
+    # 4 contracted elements a result element: 2 rows make a smaller result, 5 a larger
+    # one, which the planes beside it would make larger than the memory plan holds
+    rng = np.random.default_rng(7)
+    a, b = _random(rng, (6, 5)), _random(rng, (5, 24))
+    g = _kernels.matmul(a, b, gauss=True).reshape((6, 3, 2, 4))  # contracted: the last
+    small = _random(rng, (4, rows))
+    got = _kernels._apply_small(np, g, small, 0, 1)
+    _close(got, np.einsum("xyzc,cf->xyzf", (a @ b).reshape(6, 3, 2, 4), small), np.complex128)
+    assert three_real == [planes_read]

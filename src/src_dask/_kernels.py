@@ -489,6 +489,11 @@ def _apply_small(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int,
             n_batch, n_batch + n_contr))))
     k = prod(large.shape[i] for i in contr)
     m = prod(small.shape[i] for i in small_free)  # the small operand's free elements
+    if isinstance(large, Gauss) and m > k:
+        # the planes (1.5 times the complex elements) beside a larger result would hold
+        # more than the complex operand and the combining pass did, which the memory
+        # plan counts (contraction_elements): summed first
+        large = large.combined()
     item = large.dtype.itemsize
     tstride = [s // item for s in large.strides]
     # the result's axes in the product's order: (size, stride in large, stride in w,
