@@ -347,3 +347,16 @@ def test_a_graph_maps_each_input_where_and_when_it_would_read_it(shm_dir, many_t
         plain = _graph.build(stack, plan, None)
         assert close_cores(src_dask.TensorTrain(graph.compute(scheduler="sync"), "mps"),
                            src_dask.TensorTrain(plain.compute(scheduler="sync"), "mps"))
+
+
+@pytest.mark.timeout(120)
+def test_a_one_task_run_asks_the_scheduler_for_its_workers_not_the_clients_cache(
+        cluster_client, one_task_problem, monkeypatch):
+    """The client's cached identity may list no worker (its periodic refresh asks for
+    none, and can land between ``scheduler_info()``'s own refresh and its return): the
+    run asks the scheduler itself."""
+    a, x, ref = one_task_problem
+    monkeypatch.setattr(cluster_client, "scheduler_info",
+                        lambda *args, **kwargs: {"workers": {}})
+    y = src_dask.apply(a, x, chi_out=100, seed=3, client=cluster_client)
+    assert close_cores(y, ref, rtol=1e-12)

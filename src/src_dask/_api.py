@@ -39,7 +39,7 @@ from . import (
     _transfer,
     config,
 )
-from ._cluster import choose_device, worker_facts
+from ._cluster import choose_device, worker_facts, workers_info
 from ._estimate import RunPlan
 from ._runstore import OpenRun, Progress
 from ._stack import Stack, in_graph, make_stack
@@ -207,7 +207,7 @@ def _check_spill_room(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.
 
 def _addresses(client: Any) -> list[str] | None:
     """The addresses of ``client``'s workers, in order (None without a client)."""
-    return None if client is None else sorted(client.scheduler_info()["workers"])
+    return None if client is None else sorted(workers_info(client))
 
 
 class _Call(NamedTuple):
@@ -531,7 +531,7 @@ def _run_in_one_task(stack: Stack, plan: _plan.Plan, client: Any, flops: float,
     ``persist``: the cores stay on that worker (see :func:`src`); ``info``: as
     :func:`_run`'s."""
     # the scheduler's info on each worker (``info``, elsewhere; here that is the RunInfo)
-    worker_info = client.scheduler_info()["workers"]
+    worker_info = workers_info(client)
     worker, threads = _plan.one_task_worker(worker_info)
     inputs = _in_memory_inputs(stack)
     back = 0 if persist else stack.result_bytes(plan.chi_out)
@@ -599,7 +599,7 @@ def _shared_memory(client: Any, workers: list[str], inputs: int, result: int
             or any(w.startswith("inproc://") for w in workers)):
         yield None
         return
-    info = client.scheduler_info()["workers"]
+    info = workers_info(client)
     if not all(_shared.reaches(client, w, info.get(w, {}).get("id", "")) for w in workers):
         yield None
         return

@@ -220,6 +220,14 @@ def choose_device(client: Any, cores: list[Any]) -> str:
     return "gpu" if everywhere else "cpu"
 
 
+def workers_info(client: Any) -> dict[str, dict[str, Any]]:
+    """The scheduler's record of each of ``client``'s workers, by address, asked of it
+    now. Not ``client.scheduler_info()``: that returns the client's cached identity,
+    which the client's periodic refresh replaces with one that lists no worker, and can
+    between that call's own refresh and its return."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def worker_facts(client: Any, device: str) -> Workers:
     """What the smallest (or busiest) worker of a run holds and may hold now
     (:class:`~src_dask._plan.Workers`), from which the plan sizes every task and the

@@ -318,8 +318,8 @@ class Workers:
     (:func:`src_dask._cluster.worker_facts`): every budget below follows from it.
     Private modules call such an object ``facts``; ``n_workers`` is a count of
     workers, ``addresses`` their addresses, ``w`` the index of one of them and
-    ``info`` the scheduler's ``scheduler_info()["workers"]`` (what it knows of each
-    worker, by address)."""
+    ``info`` the scheduler's record of each worker, by address
+    (``_cluster.workers_info``)."""
 
     count: int  # workers (1: Dask's local scheduler in this process)
     threads: int  # tasks one worker runs at once
@@ -722,7 +722,7 @@ def one_task_beats_graph(pass1_flops: float, sites: int, n_workers: int,
 def one_task_worker(info: dict[str, dict[str, Any]]) -> tuple[str, int]:
     """Where a run that is one task on a cluster runs, and with how many BLAS threads:
     the first worker (``Pass2.FIRST``'s), and the threads of all the workers on its
-    host (``info``: ``scheduler_info()["workers"]``), which have nothing else of
+    host (``info``: ``_cluster.workers_info``), which have nothing else of
     the run to do meanwhile."""
     first = min(info)
     host = info[first].get("host")

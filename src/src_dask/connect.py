@@ -81,7 +81,9 @@ def describe(client: Any) -> str:
     dashboard."""
     if client.cluster is not None:
         return f"dashboard: {client.dashboard_link}"
-    n_workers = len(client.scheduler_info()["workers"])
+    from ._cluster import workers_info
+
+    n_workers = len(workers_info(client))
     return (f"connected to {client.scheduler.address} ({n_workers} workers); dashboard: "
             f"{client.dashboard_link}")
 
