@@ -722,8 +722,9 @@ def test_a_run_on_one_gpu_worker_is_one_task_only_within_its_device_limit(device
                               device_memory=memory, memory=memory)
         plan = _api.decide_plan(stack, 256, 0, 0.0, None, device="gpu", facts=facts,
                                 slots=n_workers)
-        client = SimpleNamespace(scheduler_info=lambda n=n_workers: {
+        identity = SimpleNamespace(identity=lambda n_workers, n=n_workers: {
             "workers": {f"tcp://gpu{i}:1": {} for i in range(n)}})
+        client = SimpleNamespace(sync=lambda f, **kwargs: f(**kwargs), scheduler=identity)
         with dask.config.set({"src_dask.one-task-flops": 2e9}):
             flops = _api._one_task_flops(stack, plan, client, facts)
         assert (flops is not None) is want, (n_workers, device_limit)
