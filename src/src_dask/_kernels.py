@@ -612,7 +612,7 @@ def _apply_cuda(dtype: Any, m: int, k: int, nd: int, wide: bool, gauss: bool) ->
     contracted elements and ``nd`` axes, with 64-bit (``wide``) or 32-bit offsets, the
     large operand complex or three real planes (``gauss``): the loops' bounds known to
     the compiler, so the sums sit in registers and a chunk of loads is in flight before
-    its products, each a fused multiply-add (four a complex one)."""
+    its products."""
     import cupy
 
     code = """
@@ -639,15 +639,6 @@ __device__ __forceinline__ T load(const R* __restrict__ t, const R* __restrict__
     return t[i];
 }
 #endif
-// acc += w v as fused multiply-adds: four for a complex pair (the complex type's
-// operators make a product, then a sum)
-template <typename X>
-__device__ __forceinline__ void mac(X& acc, const X w, const X v) { acc = fma(w, v, acc); }
-template <typename X>
-__device__ __forceinline__ void mac(complex<X>& acc, const complex<X> w, const complex<X> v) {
-    X re = fma(w.real(), v.real(), acc.real()), im = fma(w.real(), v.imag(), acc.imag());
-    acc = complex<X>(fma(-w.imag(), v.imag(), re), fma(w.imag(), v.real(), im));
-}
 extern "C" __global__ void src_dask_apply_small(
         const R* __restrict__ t, const R* __restrict__ t3, const long long plane,
         const T* __restrict__ w, T* __restrict__ out, const long long* __restrict__ p,
@@ -686,7 +677,7 @@ extern "C" __global__ void src_dask_apply_small(
             for (int j = 0; j < LOADS; ++j) {
                 if (j0 + j < K) {
 #pragma unroll
-                    for (int r = 0; r < M; ++r) mac(acc[r], w[wb + r * K + j0 + j], v[j]);
+                    for (int r = 0; r < M; ++r) acc[r] += w[wb + r * K + j0 + j] * v[j];
                 }
             }
         }
