@@ -220,3 +220,22 @@ def test_unsummed_products_are_read_only_into_a_result_no_larger(rows, planes_re
     got = _kernels._apply_small(np, g, small, 0, 1)
     _close(got, np.einsum("xyzc,cf->xyzf", (a @ b).reshape(6, 3, 2, 4), small), np.complex128)
     assert three_real == [planes_read]
+
+
+@pytest.mark.parametrize("stack,n,p", [("mpo.mpo.mps", 6, 2), ("bra.mpo.mpo", 6, 2),
+                                       ("mpo.mpo.mpo", 2, 3)])
+def test_src_reading_three_real_products_unsummed_is_exact_and_the_run_summing_them(
+        stack, n, p, applied, three_real, monkeypatch):
+    # at the tests' sizes: products of three or more a side as three real ones, only
+    # cores of up to 16 elements applied, so wide steps before applied ones are GEMMs
+    monkeypatch.setattr(_kernels, "THREE_REAL_MIN", 3)
+    monkeypatch.setattr(_kernels, "APPLY_SMALL_MAX", 16)
+    trains = STACKS[stack](n, p)
+    y = src_dask.src(*trains, chi_out=200, seed=3)
+    assert any(three_real)
+    assert rel_err(y, dense_product(*trains)) <= 1e-12
+    product = _kernels._three_real_product
+    monkeypatch.setattr(_kernels, "_three_real_product",
+                        lambda *args, combine=True: product(*args))
+    summed = src_dask.src(*trains, chi_out=200, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(y.to_numpy(), summed.to_numpy(), strict=True))
