@@ -166,6 +166,14 @@ def three_real(monkeypatch):
         yield read
 
 
+def _summed_first(monkeypatch):
+    """Three real products summed as they are made, as before the applied step read them
+    unsummed."""
+    product = _kernels._three_real_product
+    monkeypatch.setattr(_kernels, "_three_real_product",
+                        lambda *args, combine=True: product(*args))
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_an_applied_step_sums_the_three_real_products_as_it_reads_them(
         k, applied, three_real, monkeypatch):
@@ -185,9 +193,7 @@ def test_an_applied_step_sums_the_three_real_products_as_it_reads_them(
     _close(got[0], np.einsum(project, *cores, env), np.complex128)
     _close(got[1], np.einsum(sketch, left, omega, *cores), np.complex128)
     # the same sums as the complex result's, summed first: the same bits
-    product = _kernels._three_real_product
-    monkeypatch.setattr(_kernels, "_three_real_product",
-                        lambda *args, combine=True: product(*args))
+    _summed_first(monkeypatch)
     three_real.clear()
     assert np.array_equal(_kernels.contract(project, *cores, env), got[0])
     assert np.array_equal(_kernels.contract(sketch, left, omega, *cores), got[1])
@@ -234,8 +240,6 @@ def test_src_reading_three_real_products_unsummed_is_exact_and_the_run_summing_t
     y = src_dask.src(*trains, chi_out=200, seed=3)
     assert any(three_real)
     assert rel_err(y, dense_product(*trains)) <= 1e-12
-    product = _kernels._three_real_product
-    monkeypatch.setattr(_kernels, "_three_real_product",
-                        lambda *args, combine=True: product(*args))
+    _summed_first(monkeypatch)
     summed = src_dask.src(*trains, chi_out=200, seed=3)
     assert all(np.array_equal(a, b) for a, b in zip(y.to_numpy(), summed.to_numpy(), strict=True))

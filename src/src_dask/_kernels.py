@@ -385,8 +385,8 @@ def contract(eq: str, *arrays: Any) -> Any:
     out = eq.split("->")[1]
     ops = list(arrays)
     # a wide step's three real products go unsummed to the next step, which sums them
-    # as it reads them where it is one _apply_small (on a GPU, or the tests' CPU)
-    gauss = xp is not np or _APPLY_ON_CPU
+    # as it reads them where it is one _apply_small
+    gauss = _applied_on(xp)
     for pos, how, spec in steps:
         picked = [ops[p] for p in pos]
         ops = [a for i, a in enumerate(ops) if i not in pos]
@@ -435,12 +435,18 @@ APPLY_CONTRACTED_MAX = 64
 _APPLY_ON_CPU = False
 
 
+def _applied_on(xp: Any) -> bool:
+    """Whether products of ``xp``'s arrays may be :func:`_apply_small`'s: on a GPU, or
+    on the tests' CPU."""
+    return xp is not np or _APPLY_ON_CPU
+
+
 def _applies(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int) -> bool:
     """Whether the product of the (transposed) operands is one :func:`_apply_small`
     makes: on a GPU, a small operand with a few free and contracted elements a batch
     (a product bound by the memory's speed) and a large one; complex ones not with
     config ``complex-products: native``, which makes every complex product a ZGEMM."""
-    if (xp is np and not _APPLY_ON_CPU) or a.dtype != b.dtype or a.dtype.kind not in "fc" \
+    if not _applied_on(xp) or a.dtype != b.dtype or a.dtype.kind not in "fc" \
             or min(*a.strides, *b.strides, 0) < 0:
         return False
     if a.dtype.kind == "c" and _complex_products() == "native":  # ZGEMM's bits, as promised
@@ -472,9 +478,10 @@ def _apply_small(xp: Any, a: Any, b: Any, n_batch: int, n_contr: int,
     with the axes in the product's order.
     """
     small_is_a = a.size <= b.size
-    if isinstance(a if small_is_a else b, Gauss):  # the planes are read from the large one
-        a, b = _combined_all([a, b])
     large, small = (b, a) if small_is_a else (a, b)
+    if isinstance(small, Gauss):  # only the large operand's planes are read as they lie
+        small = small.combined()
+        a, b = (small, b) if small_is_a else (a, small)
     batch = list(range(n_batch))
     if small_is_a:
         contr = list(range(n_batch, n_batch + n_contr))  # of b
@@ -549,18 +556,18 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
     span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides, strict=True)) // item
     sizes, ts, ws, os = (np.array(c, dtype=np.int64) for c in zip(*axes, strict=True))
     gauss = isinstance(t, Gauss)
-    # the real planes' start, the second's offset from the first, the third's start
+    # the memory read, from the first element on: the complex operand's, or the first
+    # real plane's with the second ``plane`` elements further, and the third's
     if gauss:
-        t1, t3, plane = t.t12[0], t.t3, t.t12.strides[0] // t.t3.itemsize
+        plane = t.t12.strides[0] // t.t3.itemsize
+        flat, flat3 = _flat(xp, t.t12[0], plane + span), _flat(xp, t.t3, span)
+    else:
+        plane, flat = 0, _flat(xp, t, span)
+        flat3 = flat
     if xp is np:  # the same sums by NumPy: the tests check the indexing on the CPU
         if gauss:
-            def real(x: Any, n: int) -> Any:
-                return np.lib.stride_tricks.as_strided(x, shape=(n,), strides=(x.itemsize,))
-            r1, r2, r3 = real(t1, plane + span), None, real(t3, span)
-            r1, r2 = r1[:span], r1[plane:]
-            flat = (r1 - r2) + 1j * (r3 - r1 - r2)
-        else:
-            flat = np.lib.stride_tricks.as_strided(t, shape=(span,), strides=(item,))
+            t1, t2 = flat[:span], flat[plane:]
+            flat = (t1 - t2) + 1j * (flat3 - t1 - t2)
         digits = np.indices(sizes).reshape(len(sizes), -1)
         tb, wb, ob = ts @ digits, ws @ digits, os @ digits
         res = out.reshape(-1)  # a view: _apply_small makes out C-contiguous
@@ -572,11 +579,6 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
         return
     import cupy
 
-    if gauss:
-        flat, flat3 = (cupy.ndarray((n,), dtype=t3.dtype, memptr=x.data)
-                       for x, n in ((t1, plane + span), (t3, span)))
-    else:
-        flat, flat3, plane = cupy.ndarray((span,), dtype=t.dtype, memptr=t.data), None, 0
     params = _device_ints(cupy.cuda.Device().id,
                           tuple(np.concatenate([sizes, ts, ws, os, toff, ooff]).tolist()))
     n = int(np.prod(sizes))
@@ -586,7 +588,16 @@ def _apply_kernel(xp: Any, t: Any, w: Any, m: int, k: int, axes: list[tuple[int,
     block = 128
     grid = min((n + block - 1) // block, 65535 * 8)
     _apply_cuda(t.dtype, m, k, len(sizes), wide, gauss)((grid,), (block,), (
-        flat, flat if flat3 is None else flat3, np.int64(plane), w, out, params, np.int64(n)))
+        flat, flat3, np.int64(plane), w, out, params, np.int64(n)))
+
+
+def _flat(xp: Any, x: Any, n: int) -> Any:
+    """The ``n`` elements of memory from ``x``'s first on, as one contiguous array."""
+    if xp is np:
+        return np.lib.stride_tricks.as_strided(x, shape=(n,), strides=(x.itemsize,))
+    import cupy
+
+    return cupy.ndarray((n,), dtype=x.dtype, memptr=x.data)
 
 
 @lru_cache(maxsize=256)
