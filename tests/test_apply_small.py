@@ -242,4 +242,6 @@ def test_src_reading_three_real_products_unsummed_is_exact_and_the_run_summing_t
     assert rel_err(y, dense_product(*trains)) <= 1e-12
     _summed_first(monkeypatch)
     summed = src_dask.src(*trains, chi_out=200, seed=3)
-    assert all(np.array_equal(a, b) for a, b in zip(y.to_numpy(), summed.to_numpy(), strict=True))
+    # the same sums of the same values; a whole run's tasks on threads, so a tolerance
+    # (at rounding's scale) rather than bit identity across machines' BLAS threading
+    assert close_cores(y, summed, rtol=1e-14)
