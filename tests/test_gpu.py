@@ -87,6 +87,31 @@ def test_cupy_inputs_run_on_the_gpu():
     _same(y, ref)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_cupy_inputs_are_checked_for_nan_and_inf_with_one_wait(monkeypatch):
+    """Every CuPy core's sum is queued before the one wait for the device: a NaN or inf
+    anywhere (real or imaginary part, any dtype) is named by train and site, finite
+    values whose sum overflows are not, and the check waits once, not once a core."""
+    import cupy
+
+    from src_dask import _kernels as K
+
+    big = np.finfo(np.float32).max
+    xs = [cupy.ones((3, 4), dt) for dt in (np.float32, np.float64, np.complex64, np.complex128)]
+    xs += [cupy.full(8, big, np.float32), cupy.arange(5)]  # overflowing sum; integers
+    assert K.all_finite_each(xs) == [True] * len(xs)
+    xs[1][2, 1] = np.inf
+    xs[3][0, 0] = complex(1, np.nan)
+    assert K.all_finite_each(xs) == [True, False, True, False, True, True]
+    waits = count_calls(monkeypatch, K, "wait_for")
+    a, x = STACKS["mpo.mps"](np.complex128)
+    a, x = [cupy.asarray(c) for c in a], [cupy.asarray(c) for c in x]
+    x[7][0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"trains\[1\], site 7: .*NaN or inf"):
+        src_dask.apply(a, x, 16, seed=1)
+    assert len(waits) == 1  # the error comes before any other work
+
+
 def test_distance_of_cupy_trains_on_the_gpu(monkeypatch):
     """distance streams its overlaps on the device when the trains are CuPy arrays (or
     the config says gpu), and agrees with the NumPy answer and the dense difference."""

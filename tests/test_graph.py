@@ -1204,7 +1204,8 @@ def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
     CuPy here), never a blocking synchronisation, where a Dask worker lives in the
     process (its event loop would wait for the driver); in a process without one, or
     while a run is one task of the worker (whose loop then frees none of its device
-    memory), it synchronises the stream (the soonest return)."""
+    memory), it synchronises the stream (the soonest return); given an event, only the
+    work queued before it is waited for, the same two ways."""
     import types
     import weakref
 
@@ -1219,6 +1220,9 @@ def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
         def done(self):
             asks.append(1)
             return len(asks) % 3 == 0
+
+        def synchronize(self):
+            synced.append("event")
 
     class Stream:
         def record(self):
@@ -1243,9 +1247,13 @@ def test_a_gpu_wait_polls_an_event_beside_a_workers_loop_and_blocks_without_one(
         _transfer.wait_for()
     assert len(asks) == 6 and synced == [1]
     synced.clear()
+    _transfer.wait_for(event=Event())  # work queued before an event: that event asked
+    assert len(asks) == 9 and not synced
     monkeypatch.setattr(distributed.Worker, "_instances", weakref.WeakSet())
     _transfer.wait_for()
-    assert len(asks) == 6 and synced == [1]
+    assert len(asks) == 9 and synced == [1]
+    _transfer.wait_for(event=Event())  # only the work before the event waited for
+    assert len(asks) == 9 and synced == [1, "event"]
 
 
 @pytest.mark.timeout(30)

@@ -728,3 +728,28 @@ def test_a_run_on_one_gpu_worker_is_one_task_only_within_its_device_limit(device
         with dask.config.set({"src_dask.one-task-flops": 2e9}):
             flops = _api._one_task_flops(stack, plan, client, facts)
         assert (flops is not None) is want, (n_workers, device_limit)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"], ids=["host", "device"])  # stand-ins
+def test_the_memory_counts_are_made_once_a_shape_not_once_a_site(device, monkeypatch):
+    """The plan and every task ask the kernels' memory counts site by site; sites of the
+    same shapes share one count (a 50-site χ=1000 call planned them 1,400 times), and a
+    change of what the count depends on (the config, the bounds of the products' ways)
+    is a new count, not a stale one."""
+    from src_dask import _kernels as K
+
+    stack = _stack(n=40, mps_bond=16)
+    for f in (K._contraction_elements, K._project_row_bytes, K._sketch_step_bytes):
+        f.cache_clear()
+    shapes = {tuple(stack.shapes(j)) for j in range(stack.n)}
+    counts = [K.project_row_bytes(_plan._shapes(stack, j, device)) for j in range(stack.n)]
+    assert K._project_row_bytes.cache_info().misses == len(shapes) < stack.n
+    _plan.sketch_column_bytes(stack, device)
+    assert K._sketch_step_bytes.cache_info().misses == len(shapes)
+    with dask.config.set({"src_dask.complex-products": "3m"}):
+        three = [K.project_row_bytes(_plan._shapes(stack, j, device)) for j in range(stack.n)]
+    monkeypatch.setattr(K, "THREE_REAL_MIN", 1)  # every product wide: as three real ones
+    with dask.config.set({"src_dask.complex-products": "3m"}):
+        wide = [K.project_row_bytes(_plan._shapes(stack, j, device)) for j in range(stack.n)]
+    assert three == counts  # these products are too narrow to be made as three
+    assert all(w >= c for w, c in zip(wide, three, strict=True)) and sum(wide) > sum(three)

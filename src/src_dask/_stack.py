@@ -25,7 +25,7 @@ import dask.system
 import dask.utils
 import numpy as np
 
-from ._kernels import all_finite, is_in_memory
+from ._kernels import all_finite, all_finite_each, is_in_memory
 from ._kernels import nbytes as nbytes_of
 from ._layout import pad, padded_shape, unpad
 from .trains import (
@@ -275,15 +275,21 @@ def _check_finite_now(trains: list[TensorTrain]) -> None:
     a χ=1000 MPO·MPS are 1.6 GB, read before every call."""
     cores = [(i, j, c) for i, t in enumerate(trains) for j, c in enumerate(t)
              if is_in_memory(c)]
-    host = sum(nbytes_of(c) for *_, c in cores if isinstance(c, np.ndarray))
+    host = [n for n, (*_, c) in enumerate(cores) if isinstance(c, np.ndarray)]
+    device = [n for n, (*_, c) in enumerate(cores) if not isinstance(c, np.ndarray)]
+    finite = [True] * len(cores)
+    if device:  # CuPy cores: their sums queued on this thread's stream, one wait
+        for n, ok in zip(device, all_finite_each([cores[n][2] for n in device]), strict=True):
+            finite[n] = ok
     threads = min(8, dask.system.CPU_COUNT)  # the process's CPUs (affinity, cgroup)
-    if host < _THREADED_CHECK_BYTES or threads < 2:
-        finite = [all_finite(c) for *_, c in cores]
-    else:  # CuPy cores in this thread, on its stream
+    if sum(nbytes_of(cores[n][2]) for n in host) < _THREADED_CHECK_BYTES or threads < 2:
+        for n in host:
+            finite[n] = all_finite(cores[n][2])
+    else:
         with ThreadPoolExecutor(threads) as pool:
-            finite = [pool.submit(all_finite, c) if isinstance(c, np.ndarray) else all_finite(c)
-                      for *_, c in cores]
-            finite = [f if isinstance(f, bool) else f.result() for f in finite]
+            for n, ok in zip(host, pool.map(lambda n: all_finite(cores[n][2]), host),
+                             strict=True):
+                finite[n] = ok
     for (i, j, _), ok in zip(cores, finite, strict=True):
         if not ok:
             raise ValueError(f"trains[{i}], site {j}: the core contains NaN or inf")

@@ -64,23 +64,24 @@ _POLL_S = (2e-5, 1e-3)
 _FINE_S = 2e-3
 
 
-def wait_for(stream: Any = None) -> None:
+def wait_for(stream: Any = None, event: Any = None) -> None:
     """Return once the work queued so far on ``stream`` (this thread's current one by
-    default) has run. Beside a Dask worker's event loop, by asking a CUDA event
-    (:data:`_POLL_S`) instead of a blocking wait (``cudaStreamSynchronize``, a
-    synchronous copy); the asks grow sparser once the wait has lasted ``_FINE_S``.
-    This thread then holds neither the GIL nor the CUDA driver in the wait, whatever
-    the driver's scheduling flags: the loop, which frees device memory as data are
-    released, goes on meanwhile (docs/design.md §7, "Stalls"). With no worker in the
-    process (an in-process run) nothing waits for the driver but the run's own
-    threads, and a blocking wait returns soonest."""
+    default) has run, or, given ``event``, the work queued before it was recorded.
+    Beside a Dask worker's event loop, by asking a CUDA event (:data:`_POLL_S`)
+    instead of a blocking wait (``cudaStreamSynchronize``, a synchronous copy); the
+    asks grow sparser once the wait has lasted ``_FINE_S``. This thread then holds
+    neither the GIL nor the CUDA driver in the wait, whatever the driver's scheduling
+    flags: the loop, which frees device memory as data are released, goes on
+    meanwhile (docs/design.md §7, "Stalls"). With no worker in the process (an
+    in-process run) nothing waits for the driver but the run's own threads, and a
+    blocking wait returns soonest."""
     import cupy
 
     stream = stream or cupy.cuda.get_current_stream()
     if not _beside_an_event_loop():
-        stream.synchronize()
+        (stream if event is None else event).synchronize()
         return
-    event = stream.record()
+    event = event or stream.record()
     delay, longest = _POLL_S
     fine_until = time.perf_counter() + _FINE_S
     while not event.done:

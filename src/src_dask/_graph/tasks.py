@@ -267,7 +267,24 @@ def pass2_step(pieces: list[list[Any]], *args: Any, site: int, run: str, by_rows
         return update(eta, zs, site=site, run=run)
 
     step = _oom.naming_the_site(K.pass2_step, site=site, step="pass 2's QR")
-    return step(pieces, *args, site=site, update=update_here, project=project_left, **kwargs)
+    return step(pieces, *args, site=site, update=update_here, project=project_left,
+                ahead=_ahead(run), **kwargs)
+
+
+#: Whether each run's next site of pass 2 in this process is made on a guess of its
+#: basis (``_kernels.Ahead``), for the last few runs (by their token).
+_AHEAD: dict[str, K.Ahead] = {}
+_AHEAD_LOCK = threading.Lock()
+
+
+def _ahead(run: str) -> K.Ahead:
+    with _AHEAD_LOCK:
+        ahead = _AHEAD.get(run)
+        if ahead is None:
+            if len(_AHEAD) >= 16:
+                del _AHEAD[next(iter(_AHEAD))]
+            ahead = _AHEAD[run] = K.Ahead()
+        return ahead
 
 
 def fused_pass2(block_envs: list[Any], zs: list[Any], cores_left: list[Any] | None, *,
