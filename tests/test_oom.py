@@ -173,7 +173,7 @@ def test_the_qr_of_the_sketch_is_one_piece_and_says_so(monkeypatch):
     def huge(*args, **kwargs):
         raise MemoryError("Maximum pool size exceeded (simulated)")
 
-    monkeypatch.setattr(K, "orthonormalize", huge)
+    monkeypatch.setattr(K, "_orthonormal_rows", huge)  # the QR of the sketch
     a, x = random_mpo(5, 2, seed=1), random_mps(5, 3, seed=2)
     with pytest.raises(MemoryError, match=r"site 4, pass 2's QR: out of host memory .*"
                                           r"this step is one piece"):

@@ -965,9 +965,10 @@ def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[A
     waiting (:func:`basis_ahead`) is accurate, and made again in the rare case it is
     not; so the device is never idle while the host waits for that answer.
     """
-    guess = None if zs is None else basis_ahead(pieces, up, down, cutoff, max_rank, site)
+    mt = _join(pieces)
+    guess = None if zs is None else basis_ahead(mt, up, down, cutoff, max_rank, site)
     if guess is None:
-        eta = orthonormalize(pieces, up, down, cutoff, max_rank, site)
+        eta = _orthonormal_rows(mt, up, down, cutoff, max_rank, site)
     else:
         eta, settle = guess
         if ahead is None or not ahead.on:  # the answer first: no work queued on a guess
@@ -1024,12 +1025,18 @@ def orthonormalize(pieces: list[list[Any]], up: int, down: int, cutoff: float, m
     rounding across chunkings and cluster shapes, not just the product.
     On a GPU without a cutoff, by CholeskyQR2 (:func:`basis_ahead`).
     """
-    guess = basis_ahead(pieces, up, down, cutoff, max_rank, site)
+    return _orthonormal_rows(_join(pieces), up, down, cutoff, max_rank, site)
+
+
+def _orthonormal_rows(mt: Any, up: int, down: int, cutoff: float, max_rank: int,
+                      site: int) -> Any:
+    """:func:`orthonormalize` of the sketch ``mt`` (its pieces joined)."""
+    guess = basis_ahead(mt, up, down, cutoff, max_rank, site)
     if guess is not None:
         eta, settle = guess
         better = settle()
         return eta if better is None else better
-    return _householder(_join(pieces), up, down, cutoff, max_rank, site)
+    return _householder(mt, up, down, cutoff, max_rank, site)
 
 
 def _householder(mt: Any, up: int, down: int, cutoff: float, max_rank: int, site: int) -> Any:
@@ -1058,14 +1065,13 @@ def _householder(mt: Any, up: int, down: int, cutoff: float, max_rank: int, site
 _CHOLESKY_ON_CPU = False
 
 
-def basis_ahead(pieces: list[list[Any]], up: int, down: int, cutoff: float, max_rank: int,
+def basis_ahead(mt: Any, up: int, down: int, cutoff: float, max_rank: int,
                 site: int) -> tuple[Any, Callable[[], Any | None]] | None:
     """:func:`orthonormalize` by CholeskyQR2 on a GPU (None elsewhere, with a cutoff
     or a sketch of fewer columns than rows; :data:`_CHOLESKY_ON_CPU`): ``(η, settle)``,
     η queued on a guess (:func:`_cholesky_qr2_ahead`) and ``settle()``, which waits for
     the device's answer: None where the guess stands, else the basis the answer
-    requires (a second round, or Householder's QR)."""
-    mt = _join(pieces)
+    requires (a second round, or Householder's QR). ``mt``: the sketch ``Mᵀ``."""
     rows = mt[:max_rank]
     if cutoff != 0 or not (xp_of(mt) is not np or _CHOLESKY_ON_CPU) \
             or rows.shape[0] > rows.shape[1]:  # more rows than columns: rank-deficient
