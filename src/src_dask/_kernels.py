@@ -841,9 +841,15 @@ def sketch_step_bytes(cores: list[Any]) -> int:
     """Memory one sketch column of :func:`sketch_step` needs: its environment in
     and out and the largest intermediate of the contraction. ``cores`` need only
     ``shape``, ``dtype`` (and ``device`` for a planner's stand-in)."""
+    return _sketch_step_bytes(*_counted_as(cores))
+
+
+def _counted_as(cores: list[Any]) -> tuple[Any, ...]:
+    """What a memory count of ``cores`` depends on, the key of its cache: their shapes,
+    dtype, whether wide products are made as three real ones, :func:`_sizing`."""
     dtype = np.dtype(cores[0].dtype)
-    return _sketch_step_bytes(tuple(tuple(int(d) for d in c.shape) for c in cores), dtype,
-                              three_real(dtype, _device_of(cores[0])), _sizing())
+    return (tuple(tuple(int(d) for d in c.shape) for c in cores), dtype,
+            three_real(dtype, _device_of(cores[0])), _sizing())
 
 
 @lru_cache(maxsize=256)
@@ -865,9 +871,7 @@ def project_row_bytes(cores: list[Any]) -> int:
     out, and the largest intermediate of the contraction (twice: in and out of a
     step). ``cores`` need only ``shape``, ``dtype`` (and ``device`` for a planner's
     stand-in)."""
-    dtype = np.dtype(cores[0].dtype)
-    return _project_row_bytes(tuple(tuple(int(d) for d in c.shape) for c in cores), dtype,
-                              three_real(dtype, _device_of(cores[0])), _sizing())
+    return _project_row_bytes(*_counted_as(cores))
 
 
 @lru_cache(maxsize=256)
