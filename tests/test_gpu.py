@@ -151,14 +151,17 @@ def test_cholesky_qr2_on_the_gpu_and_its_fallback():
 
     from src_dask import _kernels as K
 
+    def cholesky_qr2(rows):  # the rows CholeskyQR2 settles on, None: Householder's turn
+        return K._cholesky_qr2_ahead(rows)[1]()
+
     rng = np.random.default_rng(0)
     a = rng.standard_normal((300, 900)) + 1j * rng.standard_normal((300, 900))
-    q = K._cholesky_qr2(cupy.asarray(a))
+    q = cholesky_qr2(cupy.asarray(a))
     ref, r = np.linalg.qr(a.T)
     ref = K._positive_diagonal(ref, r).T
     assert np.abs(q.get() - ref).max() < 1e-13
     deficient = cupy.asarray(np.repeat(a[:10], 3, axis=0))  # 30 rows of rank 10
-    assert K._cholesky_qr2(deficient) is None
+    assert cholesky_qr2(deficient) is None
     # a rank-deficient sketch still gives orthonormal rows, through Householder
     eta = K.orthonormalize([[deficient]], 900, 1, 0.0, 30, site=1).reshape(30, -1)
     assert abs(eta.conj() @ eta.T - cupy.eye(30)).max() < 1e-12

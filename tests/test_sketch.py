@@ -131,24 +131,27 @@ def test_cholesky_qr2_is_the_positive_diagonal_qr():
     pytest.importorskip("scipy")
     from src_dask import _kernels as K
 
+    def cholesky_qr2(rows):  # the rows CholeskyQR2 settles on, None: Householder's turn
+        return K._cholesky_qr2_ahead(rows)[1]()
+
     rng = np.random.default_rng(0)
     for rows, cols in [(40, 100), (7, 7), (30, 31)]:
         a = rng.standard_normal((rows, cols)) + 1j * rng.standard_normal((rows, cols))
         q, r = np.linalg.qr(a.T)
-        assert np.abs(K._cholesky_qr2(a) - K._positive_diagonal(q, r).T).max() < 1e-13
+        assert np.abs(cholesky_qr2(a) - K._positive_diagonal(q, r).T).max() < 1e-13
     u, _ = np.linalg.qr(rng.standard_normal((60, 12)))
     v, _ = np.linalg.qr(rng.standard_normal((12, 12)))
     for cond in (1e2, 1e5):  # round two to first order, and in full
         a = (u * np.logspace(0, -np.log10(cond), 12) @ v).T
         q, r = np.linalg.qr(a.T)
-        q2 = K._cholesky_qr2(a)
+        q2 = cholesky_qr2(a)
         assert np.abs(q2 @ q2.T - np.eye(12)).max() < 1e-14
         assert np.abs(q2 - K._positive_diagonal(q, r).T).max() < 1e-15 * cond
-    assert K._cholesky_qr2((u * np.logspace(0, -10, 12) @ v).T) is None  # cond 1e10
-    assert K._cholesky_qr2(np.repeat(u.T[:4], 3, axis=0)) is None  # rank 4 of 12
+    assert cholesky_qr2((u * np.logspace(0, -10, 12) @ v).T) is None  # cond 1e10
+    assert cholesky_qr2(np.repeat(u.T[:4], 3, axis=0)) is None  # rank 4 of 12
     nan = u.T.copy()
     nan[0, 0] = np.nan
-    assert K._cholesky_qr2(nan) is None
+    assert cholesky_qr2(nan) is None
 
 
 def test_the_cpu_basis_has_the_positive_diagonal_gauge():

@@ -970,17 +970,12 @@ def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[A
     not; so the device is never idle while the host waits for that answer.
     """
     mt = _join(pieces)
-    guess = None if zs is None else basis_ahead(mt, up, down, cutoff, max_rank, site)
-    if guess is None:
-        eta = _orthonormal_rows(mt, up, down, cutoff, max_rank, site)
+    guessing = zs is not None and ahead is not None and ahead.on
+    guess = basis_ahead(mt, up, down, cutoff, max_rank, site) if guessing else None
+    if guess is None:  # the answer first: no work queued on a guess
+        eta = _orthonormal_rows(mt, up, down, cutoff, max_rank, site, ahead)
     else:
         eta, settle = guess
-        if ahead is None or not ahead.on:  # the answer first: no work queued on a guess
-            better = settle()
-            if ahead is not None:
-                ahead.on = better is None
-            eta = eta if better is None else better
-            guess = None
     if zs is None:
         return eta, None, None
     env = (update or update_env)(eta, zs)
@@ -1033,12 +1028,15 @@ def orthonormalize(pieces: list[list[Any]], up: int, down: int, cutoff: float, m
 
 
 def _orthonormal_rows(mt: Any, up: int, down: int, cutoff: float, max_rank: int,
-                      site: int) -> Any:
-    """:func:`orthonormalize` of the sketch ``mt`` (its pieces joined)."""
+                      site: int, ahead: Ahead | None = None) -> Any:
+    """:func:`orthonormalize` of the sketch ``mt`` (its pieces joined); ``ahead`` is
+    told whether CholeskyQR2's guess stood, where one was made."""
     guess = basis_ahead(mt, up, down, cutoff, max_rank, site)
     if guess is not None:
         eta, settle = guess
         better = settle()
+        if ahead is not None:
+            ahead.on = better is None
         return eta if better is None else better
     return _householder(mt, up, down, cutoff, max_rank, site)
 
@@ -1095,14 +1093,9 @@ def basis_ahead(mt: Any, up: int, down: int, cutoff: float, max_rank: int,
     return guess.reshape(guess.shape[0], -1, up, down), settle
 
 
-def _cholesky_qr2(rows: Any) -> Any | None:
-    """``Qᵀ`` of the QR ``M = QR`` (``diag R > 0``) of ``M = rowsᵀ`` by CholeskyQR2;
-    None when ``M`` is too ill-conditioned for it (or not finite)."""
-    return _cholesky_qr2_ahead(rows)[1]()
-
-
 def _cholesky_qr2_ahead(rows: Any) -> tuple[Any | None, Callable[[], Any | None]]:
-    """:func:`_cholesky_qr2` queued without waiting for the device: ``(guess,
+    """``Qᵀ`` of the QR ``M = QR`` (``diag R > 0``) of ``M = rowsᵀ`` by CholeskyQR2,
+    queued without waiting for the device: ``(guess,
     settle)``, the guess that the first round left the rows orthonormal to ``1e-8``
     (None where it failed outright), and ``settle()``, which waits for the answer and
     returns the guess itself where it stands, else the rows of a second round, or None
