@@ -324,8 +324,8 @@ CONFIG = Config(
         "repeats": args.repeats, "budget_s": args.budget_s, "flop_convention": PLAN_CONVENTION,
         "notes": ["FLOPs of oversampled runs count the SRC step with its wider sketch, not "
                   "the rounding sweep; zipup's FLOPs are not counted",
-                  "src_dask returns NumPy cores (device -> host copy included in its time); "
-                  "quimb's result stays on the device"]})
+                  "on a GPU both take CuPy inputs and leave their results on the device "
+                  "(src_dask: CuPy in, CuPy out without a client)"]})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
