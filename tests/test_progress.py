@@ -321,10 +321,10 @@ def test_distributeds_groups_page_fails_during_a_run():
         poller.start()
         try:
             for _ in range(3):
-                x = da.random.random((2000, 2000), chunks=500)
+                x = da.random.random((1200, 1200), chunks=300)
                 y = x
                 for _ in range(4):
-                    y = (y @ x.T) / 2000
+                    y = (y @ x.T) / 1200
                 y.sum().compute()
         finally:
             stop.set()
