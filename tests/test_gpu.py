@@ -167,6 +167,28 @@ def test_cholesky_qr2_on_the_gpu_and_its_fallback():
     assert abs(eta.conj() @ eta.T - cupy.eye(30)).max() < 1e-12
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64, np.complex64, np.float32])
+def test_a_cholesky_round_on_the_gpu_is_the_triangular_solve(dtype):
+    """cuSOLVER's and cuBLAS's Cholesky round on the arrays as they lie equals
+    ``conj(L)⁻¹ rows`` made by NumPy, for every dtype, and leaves ``rows`` as it was."""
+    import cupy
+
+    from src_dask import _kernels as K
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((200, 700)).astype(dtype)
+    if np.iscomplexobj(a):
+        a = a + 1j * rng.standard_normal((200, 700)).astype(dtype)
+    gram = a.conj() @ a.T
+    want = np.linalg.solve(np.linalg.cholesky(gram.astype(np.complex128)).conj(), a)
+    rows = cupy.asarray(a)
+    got = K._cholesky_round(rows, cupy.asarray(gram)).get()
+    tol = 1e-12 if np.dtype(dtype) in (np.float64, np.complex128) else 1e-4
+    assert got.dtype == a.dtype
+    assert np.abs(got - want).max() < tol * np.abs(want).max()
+    assert np.array_equal(rows.get(), a)
+
+
 @pytest.mark.parametrize("keep", [True, False])  # inputs kept for pass 2, or read again
 def test_zarr_inputs_and_store_on_the_gpu(tmp_path, keep):
     a, x = STACKS["mpo.mps"](np.complex128)

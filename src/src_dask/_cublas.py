@@ -1,4 +1,5 @@
-"""cuBLAS's own Gauss product, ``cublasZgemm3m``, which CuPy does not bind.
+"""cuBLAS's own Gauss product, ``cublasZgemm3m``, which CuPy does not bind, and a
+Cholesky round on CuPy's cuSOLVER and cuBLAS bindings without CuPy's copies.
 
 It makes a complex128 product as three real ones inside cuBLAS, on CuPy's handle and
 current stream, straight into an interleaved result: no planes of the operands, no
@@ -92,4 +93,48 @@ def gemm3m(a: Any, b: Any, conj_a: bool = False) -> Any:
         raise MemoryError(f"cublasZgemm3m could not allocate its workspace for {(m, k, n)}")
     if status != 0:
         raise RuntimeError(f"cublasZgemm3m failed with status {status} for {(m, k, n)}")
+    return out
+
+
+_BLAS = {"f": "s", "d": "d", "F": "c", "D": "z"}  # a dtype's letter in BLAS's names
+
+
+def cholesky_round(rows: Any, gram: Any) -> Any:
+    """``conj(L)⁻¹ rows`` with ``L Lᴴ = gram`` for 2-D CuPy arrays: cuSOLVER's ``potrf``
+    in place on ``gram`` (a temporary of the caller's: overwritten) and cuBLAS's
+    ``trsm`` on a copy of ``rows``, each reading the row-major arrays as they lie.
+
+    CuPy's ``cholesky`` and ``solve_triangular`` copy both arrays into the other
+    order and factor with the upper triangle, which cuSOLVER does at less than half
+    the speed of the lower one (benchmarks/README.md, "CholeskyQR"). Read
+    column-major, ``gram`` is ``conj(gram)``, whose lower Cholesky factor is
+    ``conj(L)``, and ``rows`` is ``rowsᵀ``: ``conj(L)⁻¹ rows`` is the solve
+    ``X conj(L)ᵀ = rowsᵀ`` from the right. A ``gram`` that is not positive definite
+    leaves the factor partly made, without an error here: the rows that come back
+    are then not orthonormal, which the caller measures."""
+    import cupy
+    import numpy as np
+    from cupy_backends.cuda.libs import cublas, cusolver
+
+    n, m = rows.shape
+    kind = _BLAS[np.dtype(rows.dtype).char]
+    gram = cupy.ascontiguousarray(gram, dtype=rows.dtype)
+    out = cupy.array(rows, order="C", copy=True)
+    if n == 0 or m == 0:
+        return out
+    stream = cupy.cuda.get_current_stream().ptr
+    solver = cupy.cuda.device.get_cusolver_handle()
+    cusolver.setStream(solver, stream)
+    lower = cublas.CUBLAS_FILL_MODE_LOWER
+    size = getattr(cusolver, f"{kind}potrf_bufferSize")(solver, lower, n, gram.data.ptr, n)
+    work = cupy.empty(max(size, 1), dtype=rows.dtype)
+    info = cupy.empty(1, dtype=np.int32)
+    getattr(cusolver, f"{kind}potrf")(solver, lower, n, gram.data.ptr, n, work.data.ptr,
+                                      size, info.data.ptr)
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, stream)
+    one = np.ones(1, dtype=rows.dtype)
+    getattr(cublas, f"{kind}trsm")(handle, cublas.CUBLAS_SIDE_RIGHT, lower, cublas.CUBLAS_OP_T,
+                                   cublas.CUBLAS_DIAG_NON_UNIT, m, n, one.ctypes.data,
+                                   gram.data.ptr, n, out.data.ptr, m)
     return out

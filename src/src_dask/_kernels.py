@@ -1143,13 +1143,12 @@ def _cholesky_qr2_ahead(rows: Any) -> tuple[Any | None, Callable[[], Any | None]
 
 def _cholesky_round(rows: Any, gram: Any) -> Any:
     """``conj(L)⁻¹ A`` with ``LLᴴ = gram = conj(A) Aᵀ``: one CholeskyQR round on the
-    rows ``A = Mᵀ`` (``gram`` is ``MᴴM``)."""
-    xp = xp_of(rows)
-    if xp is np:  # only the tests run it on the CPU (SciPy is not a dependency)
-        from scipy.linalg import solve_triangular
-    else:
-        from cupyx.scipy.linalg import solve_triangular
-    lower = xp.linalg.cholesky(gram)
+    rows ``A = Mᵀ`` (``gram`` is ``MᴴM``, a temporary: overwritten on a GPU)."""
+    if xp_of(rows) is not np:
+        return _cublas.cholesky_round(rows, gram)
+    from scipy.linalg import solve_triangular  # only the tests run it on the CPU
+
+    lower = np.linalg.cholesky(gram)
     return solve_triangular(lower.conj(), rows, lower=True, check_finite=False)
 
 
