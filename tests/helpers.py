@@ -131,6 +131,14 @@ def close_cores(y, z, rtol: float = 1e-12) -> bool:
         for p, q in zip(ys, zs, strict=True))
 
 
+def cholesky_qr2(rows):
+    """The rows CholeskyQR2 settles on for ``rows`` (NumPy or CuPy), waiting for the
+    device's answer; None: Householder's turn."""
+    from src_dask import _kernels
+
+    return _kernels._cholesky_qr2_ahead(rows)[1]()
+
+
 def count_calls(monkeypatch, owner, name: str) -> list:
     """``owner.name`` wrapped to note each call: the list of calls (one ``1`` each)."""
     calls = []

@@ -13,7 +13,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from helpers import count_calls, random_mpo, random_mps
+from helpers import cholesky_qr2, count_calls, random_mpo, random_mps
 
 import src_dask
 
@@ -150,9 +150,6 @@ def test_cholesky_qr2_on_the_gpu_and_its_fallback():
     import cupy
 
     from src_dask import _kernels as K
-
-    def cholesky_qr2(rows):  # the rows CholeskyQR2 settles on, None: Householder's turn
-        return K._cholesky_qr2_ahead(rows)[1]()
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((300, 900)) + 1j * rng.standard_normal((300, 900))

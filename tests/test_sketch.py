@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import random_mpo, random_mps, rel_err
+from helpers import cholesky_qr2, random_mpo, random_mps, rel_err
 
 import src_dask
 from src_dask import _random
@@ -130,9 +130,6 @@ def test_cholesky_qr2_is_the_positive_diagonal_qr():
     diag R > 0, and declines (None) what it cannot orthonormalise to rounding."""
     pytest.importorskip("scipy")
     from src_dask import _kernels as K
-
-    def cholesky_qr2(rows):  # the rows CholeskyQR2 settles on, None: Householder's turn
-        return K._cholesky_qr2_ahead(rows)[1]()
 
     rng = np.random.default_rng(0)
     for rows, cols in [(40, 100), (7, 7), (30, 31)]:
