@@ -977,3 +977,44 @@ def test_small_cores_applied_on_the_gpu_are_the_einsum(dtype, monkeypatch):
     y = _on("gpu", *trains, chi_out=64, seed=1)
     monkeypatch.setattr(_kernels, "APPLY_SMALL_MAX", 0)
     _same(y, _on("gpu", *trains, chi_out=64, seed=1), tol=1e-12)
+
+
+@pytest.mark.timeout(300)
+def test_an_allocation_that_meets_a_pool_full_of_stored_data_spills_it_and_goes_on():
+    """A dask-cuda worker whose RMM pool (1 GiB, not growing) is mostly stored data it
+    has no reason to spill (below its device limit): an allocation that does not fit
+    raises MemoryError, as outside src_dask's steps it did before (a block of inputs
+    copied to the device; dask-cuda bringing a spilled input back). Once a run's plan
+    has asked the worker, the same allocation spills the least recently used stored
+    data to host memory and succeeds, and the stored data come back intact."""
+    pytest.importorskip("rmm", reason="RMM's pools need rmm")
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client, wait
+
+    n = 2**25  # 256 MiB of float64
+
+    def block(i):
+        import cupy
+
+        return cupy.full(n, i, dtype=cupy.float64)
+
+    def allocate(nbytes):
+        import cupy
+
+        return int(cupy.ones(nbytes // 8, dtype=cupy.float64).sum())
+
+    def total(x):
+        return float(x.sum())
+
+    with LocalCUDACluster(n_workers=1, threads_per_worker=1, rmm_pool_size="1GiB",
+                          rmm_maximum_pool_size="1GiB", device_memory_limit="1000MiB",
+                          rmm_allocator_external_lib_list=["cupy"],
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+        blocks = [client.submit(block, i, pure=False) for i in range(3)]
+        wait(blocks)
+        with pytest.raises(MemoryError):
+            client.submit(allocate, 400 * 2**20, pure=False).result()
+        src_dask.plan(*STACKS["mpo.mps"](np.complex128), chi_out=8, client=client)
+        assert client.submit(allocate, 400 * 2**20, pure=False).result() == 400 * 2**17
+        assert [client.submit(total, b, pure=False).result() for b in blocks] == \
+            [float(i * n) for i in range(3)]

@@ -178,3 +178,108 @@ def test_the_qr_of_the_sketch_is_one_piece_and_says_so(monkeypatch):
     with pytest.raises(MemoryError, match=r"site 4, pass 2's QR: out of host memory .*"
                                           r"this step is one piece"):
         src_dask.apply(a, x, 6, seed=0)
+
+
+class _Worker:
+    """What :func:`_oom._spill_device_data` reads of a dask-cuda worker: its device
+    buffer, a zict ``Buffer`` whose fast side is the device and slow side the host."""
+
+    def __init__(self, n: float = 1000):
+        import zict
+
+        self.host: dict = {}
+        self.data = type("Data", (), {})()
+        self.data.device_buffer = zict.Buffer({}, self.host, n=n, weight=lambda k, v: v.nbytes)
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    import distributed
+
+    w = _Worker()
+    monkeypatch.setattr(distributed, "get_worker", lambda: w)
+    return w
+
+
+def test_spilling_for_an_allocation_moves_the_least_recently_used_data_first(worker):
+    buffer = worker.data.device_buffer
+    blocks = {k: np.full(25, i, dtype=np.float64) for i, k in enumerate("abcd")}  # 200 B each
+    for k, v in blocks.items():
+        buffer[k] = v
+    buffer["a"]  # used last: moved last
+    assert _oom._spill_for(300) is True  # two blocks of 200 B reach 300
+    assert sorted(worker.host) == ["b", "c"]
+    assert all(np.array_equal(buffer[k], blocks[k]) for k in "abcd")  # nothing lost
+
+
+def test_spilling_says_no_once_nothing_is_left_to_move(worker):
+    assert _oom._spill_for(100) is False  # RMM then raises its MemoryError
+    worker.data.device_buffer["x"] = np.zeros(4)
+    assert _oom._spill_for(10**9) is True  # what there was is moved
+    assert _oom._spill_for(10**9) is False
+
+
+def test_an_error_while_spilling_is_logged_not_raised_into_rmm(worker, monkeypatch, caplog):
+    buffer = worker.data.device_buffer
+    buffer["x"] = np.zeros(4)
+
+    def broken():
+        raise OSError("host memory full (simulated)")
+
+    monkeypatch.setattr(buffer.fast, "evict", broken)
+    with caplog.at_level(logging.ERROR, logger="src_dask"):
+        assert _oom._spill_for(10) is False
+    assert "host memory full" in caplog.text
+
+
+class _Resource:
+    def __init__(self, upstream=None, callback=None):
+        self.upstream, self.callback = upstream, callback
+
+    def get_upstream(self):
+        return self.upstream
+
+
+@pytest.fixture
+def fake_rmm(monkeypatch):
+    """An ``rmm`` module of resources that record what wraps what."""
+    import sys
+    import types
+
+    mr = types.SimpleNamespace(
+        FailureCallbackResourceAdaptor=type("FailureCallbackResourceAdaptor", (_Resource,), {}),
+        TrackingResourceAdaptor=type("TrackingResourceAdaptor", (_Resource,), {}),
+        PoolMemoryResource=type("PoolMemoryResource", (_Resource,), {}))
+    mr.current = mr.PoolMemoryResource()
+    mr.get_current_device_resource = lambda: mr.current
+    mr.set_current_device_resource = lambda r: setattr(mr, "current", r)
+    monkeypatch.setitem(sys.modules, "rmm", types.SimpleNamespace(mr=mr))
+    return mr
+
+
+def test_a_gpu_workers_allocations_spill_before_they_fail(fake_rmm):
+    pool = fake_rmm.current
+    worker = _Worker()
+    assert _oom.spill_on_allocation_failure(worker) is True
+    wrapped = fake_rmm.current
+    assert isinstance(wrapped, fake_rmm.FailureCallbackResourceAdaptor)
+    assert wrapped.upstream is pool and wrapped.callback is _oom._spill_for
+    assert _oom.spill_on_allocation_failure(worker) is True  # every run asks: wrapped once
+    assert fake_rmm.current is wrapped
+
+
+def test_a_tracking_resource_stays_on_top(fake_rmm):
+    pool = fake_rmm.PoolMemoryResource()
+    fake_rmm.current = fake_rmm.TrackingResourceAdaptor(pool)
+    assert _oom.spill_on_allocation_failure(_Worker()) is True
+    top = fake_rmm.current
+    assert isinstance(top, fake_rmm.TrackingResourceAdaptor)  # the dashboard's counts
+    assert isinstance(top.upstream, fake_rmm.FailureCallbackResourceAdaptor)
+    assert top.upstream.upstream is pool
+
+
+def test_a_worker_without_a_device_buffer_is_left_alone(fake_rmm):
+    pool = fake_rmm.current
+    cpu_worker = type("W", (), {"data": {}})()
+    assert _oom.spill_on_allocation_failure(cpu_worker) is False
+    assert fake_rmm.current is pool

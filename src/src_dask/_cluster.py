@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 import dask.utils
 
+from . import _oom
 from ._plan import is_ucx
 from .interrupts import quiet_logs, sigint_deferred
 
@@ -304,6 +305,8 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         if device_memory and pool:  # all the worker's arrays may get
             device_memory = min(device_memory, pool)
         device_limit = _device_limit(cuda, dask_worker) or device_memory
+        if dask_worker is not None:  # before the run's tasks meet a full pool
+            _oom.spill_on_allocation_failure(dask_worker)
     spill_dir = getattr(dask_worker, "local_directory", None)
     disk = _disk(spill_dir) if spill_dir else None
     return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,

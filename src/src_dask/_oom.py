@@ -76,13 +76,61 @@ def _spill_device_data(need: int) -> int:
     moved = 0
     while moved < need:
         try:
-            _, _, weight = fast.evict()
+            evicted = fast.evict()
         except KeyError:  # nothing left to spill
+            break
+        key, weight = evicted[0], evicted[2]
+        del evicted  # the device copy goes with the last reference here
+        if key is None:  # another thread is spilling the same key: let it
             break
         moved += int(weight)
     if moved:
         log.info("spilled %.3g GB of stored data from the device to host memory", moved / 1e9)
     return moved
+
+
+def spill_on_allocation_failure(dask_worker: Any) -> bool:
+    """Have every RMM allocation on this dask-cuda worker that meets a full device
+    (or a full pool) spill stored data to host memory and try again, before it raises.
+
+    :func:`halving` spills and retries the steps it wraps, but not what happens
+    outside them: a block of inputs copied to the device, and above all dask-cuda
+    bringing a spilled input back to the device before a task starts (in the
+    worker, before any of src_dask's code runs). On a device whose pool is full
+    of stored data those raise ``MemoryError`` and fail the run, though the
+    worker would gladly move that data (a D_M=1000 stack in a 4 GB pool did). So
+    the worker's RMM resource is wrapped in RMM's ``FailureCallbackResourceAdaptor``,
+    whose callback spills the least recently used stored data
+    (:func:`_spill_device_data`) and asks RMM to try again while there was some
+    to spill; then the error comes as before. Where a ``TrackingResourceAdaptor``
+    (dask-cuda's ``rmm_track_allocations``) is on top, it stays on top. Once a
+    process; False where there is no RMM or no dask-cuda device buffer."""
+    buffer = getattr(getattr(dask_worker, "data", None), "device_buffer", None)
+    if getattr(buffer, "fast", None) is None:
+        return False
+    try:
+        import rmm
+    except ImportError:
+        return False
+    mr = rmm.mr.get_current_device_resource()
+    tracking = isinstance(mr, rmm.mr.TrackingResourceAdaptor)
+    inner = mr.get_upstream() if tracking else mr
+    if isinstance(inner, rmm.mr.FailureCallbackResourceAdaptor):
+        return True  # wrapped already (by this function, or by its owner's choice)
+    wrapped = rmm.mr.FailureCallbackResourceAdaptor(inner, _spill_for)
+    rmm.mr.set_current_device_resource(
+        rmm.mr.TrackingResourceAdaptor(wrapped) if tracking else wrapped)
+    log.info("RMM allocations on this worker spill stored data before they fail")
+    return True
+
+
+def _spill_for(nbytes: int) -> bool:
+    """RMM's failure callback: spill ``nbytes`` of stored data; whether to try again."""
+    try:
+        return _spill_device_data(nbytes) > 0
+    except Exception:  # an exception must not cross into RMM's C++: the error raises
+        log.exception("spilling stored data for an allocation of %d bytes failed", nbytes)
+        return False
 
 
 def halving(compute: Callable[[int, int], Any], rows: int, *, xp: Any, run: str, step: str,
