@@ -249,6 +249,7 @@ def fake_rmm(monkeypatch):
     mr = types.SimpleNamespace(
         FailureCallbackResourceAdaptor=type("FailureCallbackResourceAdaptor", (_Resource,), {}),
         TrackingResourceAdaptor=type("TrackingResourceAdaptor", (_Resource,), {}),
+        StatisticsResourceAdaptor=type("StatisticsResourceAdaptor", (_Resource,), {}),
         PoolMemoryResource=type("PoolMemoryResource", (_Resource,), {}))
     mr.current = mr.PoolMemoryResource()
     mr.get_current_device_resource = lambda: mr.current
@@ -268,14 +269,25 @@ def test_a_gpu_workers_allocations_spill_before_they_fail(fake_rmm):
     assert fake_rmm.current is wrapped
 
 
-def test_a_tracking_resource_stays_on_top(fake_rmm):
+@pytest.mark.parametrize("counting", ["TrackingResourceAdaptor", "StatisticsResourceAdaptor"])
+def test_a_counting_resource_stays_on_top(fake_rmm, counting):
     pool = fake_rmm.PoolMemoryResource()
-    fake_rmm.current = fake_rmm.TrackingResourceAdaptor(pool)
+    fake_rmm.current = getattr(fake_rmm, counting)(pool)
     assert _oom.spill_on_allocation_failure(_Worker()) is True
     top = fake_rmm.current
-    assert isinstance(top, fake_rmm.TrackingResourceAdaptor)  # the dashboard's counts
+    assert type(top).__name__ == counting  # what the dashboard or rmm.statistics reads
     assert isinstance(top.upstream, fake_rmm.FailureCallbackResourceAdaptor)
     assert top.upstream.upstream is pool
+
+
+def test_an_adaptor_put_on_top_later_is_not_wrapped_again(fake_rmm):
+    """rmm.statistics enabled after a run: the next run finds its spilling below."""
+    assert _oom.spill_on_allocation_failure(_Worker()) is True
+    below = fake_rmm.current
+    fake_rmm.current = fake_rmm.StatisticsResourceAdaptor(below)
+    on_top = fake_rmm.current
+    assert _oom.spill_on_allocation_failure(_Worker()) is True
+    assert fake_rmm.current is on_top
 
 
 def test_a_worker_without_a_device_buffer_is_left_alone(fake_rmm):

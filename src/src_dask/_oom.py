@@ -102,9 +102,9 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
     the worker's RMM resource is wrapped in RMM's ``FailureCallbackResourceAdaptor``,
     whose callback spills the least recently used stored data
     (:func:`_spill_device_data`) and asks RMM to try again while there was some
-    to spill; then the error comes as before. Where a ``TrackingResourceAdaptor``
-    (dask-cuda's ``rmm_track_allocations``) is on top, it stays on top. Once a
-    process; False where there is no RMM or no dask-cuda device buffer."""
+    to spill; then the error comes as before. An adaptor that counts allocations
+    (``_COUNTING``) stays on top. Once a process (the resources' chain is looked
+    through); False where there is no RMM or no dask-cuda device buffer."""
     buffer = getattr(getattr(dask_worker, "data", None), "device_buffer", None)
     if getattr(buffer, "fast", None) is None:
         return False
@@ -113,15 +113,23 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
     except ImportError:
         return False
     mr = rmm.mr.get_current_device_resource()
-    tracking = isinstance(mr, rmm.mr.TrackingResourceAdaptor)
-    inner = mr.get_upstream() if tracking else mr
-    if isinstance(inner, rmm.mr.FailureCallbackResourceAdaptor):
+    chain = [mr]
+    while hasattr(chain[-1], "get_upstream"):
+        chain.append(chain[-1].get_upstream())
+    if any(isinstance(r, rmm.mr.FailureCallbackResourceAdaptor) for r in chain):
         return True  # wrapped already (by this function, or by its owner's choice)
+    counting = next((kind for kind in (getattr(rmm.mr, name, None) for name in _COUNTING)
+                     if kind is not None and isinstance(mr, kind)), None)
+    inner = mr.get_upstream() if counting else mr
     wrapped = rmm.mr.FailureCallbackResourceAdaptor(inner, _spill_for)
-    rmm.mr.set_current_device_resource(
-        rmm.mr.TrackingResourceAdaptor(wrapped) if tracking else wrapped)
+    rmm.mr.set_current_device_resource(counting(wrapped) if counting else wrapped)
     log.info("RMM allocations on this worker spill stored data before they fail")
     return True
+
+
+#: RMM adaptors that count what passes through them: they stay on top, where their
+#: owners (dask-cuda's ``rmm_track_allocations``, ``rmm.statistics``) read them.
+_COUNTING = ("TrackingResourceAdaptor", "StatisticsResourceAdaptor")
 
 
 def _spill_for(nbytes: int) -> bool:
