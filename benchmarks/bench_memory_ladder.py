@@ -237,10 +237,10 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                              "device_baseline": idle.baseline.get("device_used"),
                              "peak_host_rss": peak.peak.get("host_rss"),
                              "stored_peak": held.peak}
-        if counted:  # what the arrays took at most, against what the pool reserved
-            arrays = max(client.run(_allocated_peak).values())
-            entry["measured"]["rmm_allocated_peak"] = arrays
-            entry["arrays_measured_over_planned"] = arrays / plan.peak_arrays
+        arrays = [a for a in client.run(_allocated_peak).values() if a] if counted else []
+        if arrays:  # what the arrays took at most, against what the pool reserved
+            entry["measured"]["rmm_allocated_peak"] = max(arrays)
+            entry["arrays_measured_over_planned"] = max(arrays) / plan.peak_arrays
         if plan.peak_device:
             entry["device_peak_measured_over_planned"] = (
                 (peak.peak.get("device_used", 0) - idle.baseline.get("device_used", 0))
