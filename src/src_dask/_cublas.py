@@ -84,8 +84,7 @@ def gemm3m(a: Any, b: Any, conj_a: bool = False) -> Any:
     a, op_a, lda = _operand(a, conj_a)
     b, op_b, ldb = _operand(b, False)
     one, zero = (ctypes.c_double * 2)(1.0, 0.0), (ctypes.c_double * 2)(0.0, 0.0)
-    handle = cupy.cuda.device.get_cublas_handle()
-    cupy.cuda.cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    handle = _cublas_handle()
     # row-major out = a b is column-major outᵀ = bᵀ aᵀ
     status = fn(handle, _OP[op_b], _OP[op_a], n, m, k, one, b.data.ptr, ldb, a.data.ptr, lda,
                 zero, out.data.ptr, n)
@@ -97,6 +96,17 @@ def gemm3m(a: Any, b: Any, conj_a: bool = False) -> Any:
 
 
 _BLAS = {"f": "s", "d": "d", "F": "c", "D": "z"}  # a dtype's letter in BLAS's names
+
+
+def _cublas_handle() -> int:
+    """CuPy's cuBLAS handle of this thread and device, set to its current stream (the
+    handle is shared with CuPy's own calls, which set their stream each time too)."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    return handle
 
 
 def cholesky_round(rows: Any, gram: Any) -> Any:
@@ -131,10 +141,8 @@ def cholesky_round(rows: Any, gram: Any) -> Any:
     info = cupy.empty(1, dtype=np.int32)
     getattr(cusolver, f"{kind}potrf")(solver, lower, n, gram.data.ptr, n, work.data.ptr,
                                       size, info.data.ptr)
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, stream)
     one = np.ones(1, dtype=rows.dtype)
-    getattr(cublas, f"{kind}trsm")(handle, cublas.CUBLAS_SIDE_RIGHT, lower, cublas.CUBLAS_OP_T,
-                                   cublas.CUBLAS_DIAG_NON_UNIT, m, n, one.ctypes.data,
-                                   gram.data.ptr, n, out.data.ptr, m)
+    getattr(cublas, f"{kind}trsm")(_cublas_handle(), cublas.CUBLAS_SIDE_RIGHT, lower,
+                                   cublas.CUBLAS_OP_T, cublas.CUBLAS_DIAG_NON_UNIT, m, n,
+                                   one.ctypes.data, gram.data.ptr, n, out.data.ptr, m)
     return out
