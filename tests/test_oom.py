@@ -295,3 +295,15 @@ def test_a_worker_without_a_device_buffer_is_left_alone(fake_rmm):
     cpu_worker = type("W", (), {"data": {}})()
     assert _oom.spill_on_allocation_failure(cpu_worker) is False
     assert fake_rmm.current is pool
+
+
+def test_a_resource_that_cannot_be_wrapped_leaves_the_run_going(fake_rmm, caplog):
+    def refuse(*args):
+        raise TypeError("not a device memory resource (simulated)")
+
+    pool = fake_rmm.current
+    fake_rmm.FailureCallbackResourceAdaptor.__init__ = refuse
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        assert _oom.spill_on_allocation_failure(_Worker()) is False
+    assert fake_rmm.current is pool
+    assert "not a device memory resource" in caplog.text

@@ -109,6 +109,15 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
     if getattr(buffer, "fast", None) is None:
         return False
     try:
+        return _wrap_resource()
+    except Exception as err:  # a resource this does not know: runs go on without it
+        log.warning("could not have RMM spill stored data before an allocation fails: "
+                    "%s: %s", type(err).__name__, err)
+        return False
+
+
+def _wrap_resource() -> bool:
+    try:
         import rmm
     except ImportError:
         return False
