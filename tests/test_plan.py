@@ -377,6 +377,27 @@ def test_a_projected_core_the_device_cannot_keep_is_projected_twice(dm, pool_gb)
             assert fixed + rows * (per + project) <= _plan.kind_bytes(plan, kind), (j, kind)
 
 
+@pytest.mark.parametrize("pool_gb, warned", [(12, False), (4, False), (3, True), (2, True)])
+def test_a_plan_that_projects_cores_hundreds_of_times_says_so(pool_gb, warned, caplog):
+    """The D_M=1000 stack (lazy) on a worker whose pool may grow to ``pool_gb``: below
+    about 4 GB the tasks cut every environment's sum into blocks that each project the
+    whole core again (hundreds of times the FLOPs); the run goes on, but says so, with
+    the remedy, on the ``src_dask`` logger."""
+    import logging
+
+    from src_dask import _api
+
+    stack = make_stack(tuple(problems.stack(50, 1000).values()))
+    facts = _facts(pool_gb * 10**9, 4, pool_gb * 10**9 * 2 // 3)
+    plan = _api.decide_plan(stack, 500, 0, 0.0, None, device="gpu", facts=facts, slots=1)
+    assert plan.reproject
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        _api._warn_of_projections_again(stack, plan, None)
+    assert ("project a core up to" in caplog.text) is warned, caplog.text
+    if warned:
+        assert "more device memory per worker" in caplog.text
+
+
 @pytest.mark.parametrize("host_gb", [7, 8, 16, 128])
 def test_a_gpu_worker_with_little_host_memory_reads_fewer_sites_ahead(host_gb):
     """D_M=1000 (lazy inputs, 256 MB a site) on a 24 GB pool whose worker's host memory

@@ -442,6 +442,7 @@ def _run(stack: Stack, plan: _plan.Plan, client: Any, facts: _plan.Workers,
         graph = _graph.build(stack, plan, addresses, None if run is None else run.store,
                              resume, sent=sent, outbox=outbox)
         _warn_of_a_slow_link(stack, plan, client, addresses)
+        _warn_of_projections_again(stack, plan, addresses)
         if log.isEnabledFor(logging.INFO):  # the plan says what the one-line summary does
             log.info("src: %s", _estimate_of(stack, plan, client, facts, run is not None,
                                               _graph.task_count(graph)))
@@ -711,6 +712,31 @@ def _warn_of_a_slow_link(stack: Stack, plan: _plan.Plan, client: Any,
     if text:
         _slow_links_reported.add(client.scheduler.address)
         log.warning(text)
+
+
+#: Where pass 2 projects its cores again (``Plan.reproject``) and that more than
+#: multiplies the run's FLOPs by this, the run says so: once a site costs about 1.35
+#: on the reference stack; tasks far smaller than a site's rows cut the environments'
+#: sums into blocks, each of which projects the whole core again.
+REPROJECT_WARNING = 1.5
+
+
+def _warn_of_projections_again(stack: Stack, plan: _plan.Plan,
+                               addresses: list[str] | None) -> None:
+    """A WARNING where the device memory leaves tasks so small that pass 2's projections
+    again (``Plan.reproject``) multiply the run's FLOPs past ``REPROJECT_WARNING``: a run
+    that completes, but many times slower than on a device with room for a little more."""
+    if not plan.reproject:
+        return
+    again = _estimate.projected_again(_plan.SweepPlan.decide(stack, plan, addresses))
+    flops = [sum(_estimate.flops(stack, plan.sketch, plan.chi_out, plan.round, a).values())
+             for a in (again, {})]
+    if flops[0] > REPROJECT_WARNING * flops[1]:
+        log.warning("src: tasks of %s of device memory make pass 2 project a core up to %d "
+                    "times: %.3g FLOPs, %.3g times those of projecting each once; more "
+                    "device memory per worker (fewer threads, a larger pool or GPU) "
+                    "would take less time", dask.utils.format_bytes(plan.task_bytes or 0),
+                    1 + max(again.values(), default=0), flops[0], flops[0] / flops[1])
 
 
 def _compute(graph: Any, client: Any, launch_only: bool = False, persist: bool = False,

@@ -169,7 +169,7 @@ def estimate(stack: Stack, sweep: SweepPlan, facts: Workers, *, store: bool,
         chi_out=plan.chi_out, sketch=plan.sketch, chunk=plan.chunk, blocks=len(plan.blocks),
         z_blocks=sweep.z_blocks, task_bytes=plan.task_bytes, input_bytes=inputs,
         env_bytes=int(sum(_environments(stack, plan, 1.0))), store_bytes=store_bytes,
-        flops=flops(stack, plan.sketch, plan.chi_out, plan.round, _projected_again(sweep)),
+        flops=flops(stack, plan.sketch, plan.chi_out, plan.round, projected_again(sweep)),
         tasks=tasks,
         peak_host=int(peak_host),
         peak_device=pool_size(int(peak_device), facts) if plan.device == "gpu" else None,
@@ -198,7 +198,7 @@ def pool_size(arrays: int, facts: Workers) -> int:
     return int(max(arrays, min(usable, start + max(arrays - start, (most - start) / 2))))
 
 
-def _projected_again(sweep: SweepPlan) -> dict[int, int]:
+def projected_again(sweep: SweepPlan) -> dict[int, int]:
     """``{site: times Z is projected again}``: once for its environment sum where ``Z``
     is not kept (``Plan.reproject``), once per block where that sum is cut."""
     return {j: sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
