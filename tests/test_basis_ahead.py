@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import close_cores, dense_product, random_mpo, random_mps, rel_err
+from helpers import close_cores, count_calls, dense_product, random_mpo, random_mps, rel_err
 from test_exact import STACKS
 
 import src_dask
@@ -67,10 +67,13 @@ def test_a_guess_that_fails_is_made_again_and_the_next_site_asks_first(cholesky)
 
 @pytest.mark.parametrize("mt", [_sketch(1e10), np.repeat(_sketch(1e2)[:4], 3, axis=0)],
                          ids=["cond 1e10", "rank 4 of 12"])
-def test_a_sketch_beyond_cholesky_qr2_gets_householders_basis(cholesky, mt):
+def test_a_sketch_beyond_cholesky_qr2_gets_householders_basis(cholesky, mt, monkeypatch):
     """(NumPy's Cholesky refuses these outright, where CuPy's gives NaN and the guess
-    fails: Householder's QR either way.)"""
+    fails: Householder's QR either way.) A first round that fails is not tried again
+    before Householder's QR."""
+    rounds = count_calls(monkeypatch, K, "_cholesky_qr2_ahead")
     eta, _, _ = _step(mt, K.Ahead(), [])
+    assert len(rounds) == 1
     rows = eta.reshape(12, -1)
     assert np.abs(rows.conj() @ rows.T - np.eye(12)).max() < 1e-12
     assert np.abs(eta - K._householder(mt, 2, 3, 0.0, 12, site=4)).max() == 0

@@ -972,8 +972,9 @@ def pass2_step(pieces: list[list[Any]], zs: list[Any] | None, cores_left: list[A
     mt = _join(pieces)
     guessing = zs is not None and ahead is not None and ahead.on
     guess = basis_ahead(mt, up, down, cutoff, max_rank, site) if guessing else None
-    if guess is None:  # the answer first: no work queued on a guess
-        eta = _orthonormal_rows(mt, up, down, cutoff, max_rank, site, ahead)
+    if guess is None:  # the answer first (or no guess to make): no work queued on a guess
+        eta = _orthonormal_rows(mt, up, down, cutoff, max_rank, site, ahead,
+                                cholesky=not guessing)
     else:
         eta, settle = guess
     if zs is None:
@@ -1028,10 +1029,12 @@ def orthonormalize(pieces: list[list[Any]], up: int, down: int, cutoff: float, m
 
 
 def _orthonormal_rows(mt: Any, up: int, down: int, cutoff: float, max_rank: int,
-                      site: int, ahead: Ahead | None = None) -> Any:
+                      site: int, ahead: Ahead | None = None, cholesky: bool = True) -> Any:
     """:func:`orthonormalize` of the sketch ``mt`` (its pieces joined); ``ahead`` is
-    told whether CholeskyQR2's guess stood, where one was made."""
-    guess = basis_ahead(mt, up, down, cutoff, max_rank, site)
+    told whether CholeskyQR2's guess stood, where one was made. ``cholesky`` False:
+    :func:`basis_ahead` has just declined this sketch (its first round failed), so
+    Householder's QR straight away, not that round again."""
+    guess = basis_ahead(mt, up, down, cutoff, max_rank, site) if cholesky else None
     if guess is not None:
         eta, settle = guess
         better = settle()
