@@ -871,7 +871,7 @@ def test_an_environment_no_task_may_hold_is_summed_in_row_blocks(limit, where, c
         assert cut
         for j in cut:  # each block of S_{j-1} within half of one task's share: the
             # blocks' sums run side by side
-            q = math.ceil(_plan.z_rows(stack, p, j - 1) / sweep.z_blocks[j - 1])
+            q = math.ceil(_plan.z_rows(stack, p, j - 1) / sweep.env_sums[j])
             left = math.prod(stack.left_bonds(j))
             assert 2 * q * left * 16 <= _plan.kind_bytes(p, "update", cut=True) \
                 == p.task_bytes
@@ -981,6 +981,9 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     again = dataclasses.replace(plan, reproject=True)
     sweep = _plan.SweepPlan.decide(stack, again, None)
     assert any(sweep.cut_env) is (task_bytes == 10_000)
+    # S_{j-1} in fewer sums than Z_{j-1} has row blocks: each sum over a group of them
+    assert any(1 < e < sweep.z_blocks[j - 1] for j, e in enumerate(sweep.env_sums)) \
+        is (task_bytes == 10_000)
     graph = _graph.build(stack, again)
     dsk = dict(graph.dask)
     projected = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("project",)]
@@ -990,7 +993,7 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
     for j in range(1, stack.n):
         updates = [k for k in dsk if isinstance(k, tuple) and k[1:2] == ("update",)
                    and key_split(k[0]) == f"pass2_site{j}"]
-        sums = sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+        sums = sweep.env_sums[j]
         assert len(updates) == sums * (1 if gpu_layout else sweep.z_blocks[j]), (j, updates)
     calls: dict[int, int] = {}
     original = _graph.tasks.project
@@ -1005,7 +1008,7 @@ def test_projected_cores_made_twice_give_the_same_cores(monkeypatch, gpu_layout,
         assert c.shape == c0.shape
         assert np.abs(c - c0).max() <= 1e-12 * np.abs(c0).max()
     for j in range(1, stack.n):
-        sums = sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+        sums = sweep.env_sums[j]
         assert calls[j] == sweep.z_blocks[j] * (1 + sums), (j, calls)
 
 

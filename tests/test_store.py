@@ -561,3 +561,33 @@ def test_the_store_in_tasks_pickles_without_the_lock_and_writes_through(tmp_path
         _close(run.result(stack.kind), _graph.build(stack, plan).compute(scheduler="sync"))
     finally:
         run.release()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rows, blocks", [(500, 3), (40, 6), (9, 2), (7, 7)])
+def test_blocks_of_a_pass2_checkpoint_never_share_a_chunk(tmp_path, rows, blocks):
+    """``S_{j-1}`` saved by row blocks (no task holds it whole), each block by its own
+    task, side by side on a worker's threads: the array's chunks of rows divide every
+    block's first row, so no two writers rewrite one chunk (a partial chunk is read,
+    changed and written whole: one writer's rows would be lost); written from threads
+    at once, every row reads back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from src_dask._graph import tasks
+
+    path = tmp_path / "run"
+    zarr.open_group(str(path), mode="w")
+    store = _runstore.RunStore(str(path))
+    rng = np.random.default_rng(0)
+    left = (3, 2)
+    eta = rng.standard_normal((rows, 2, 1, 1))
+    env = rng.standard_normal((rows, *left))
+    assert tasks.checkpoint_begin(eta, store=store, site=1, left=left, blocks=blocks) == rows
+    arr = zarr.open_array(str(path / _runstore.LAYOUT.right_env_site(0)), mode="r")
+    cut = [K.block_rows(rows, b, blocks) for b in range(blocks)]
+    assert all(lo % arr.chunks[0] == 0 for lo, _ in cut), (arr.chunks, cut)
+    with ThreadPoolExecutor(blocks) as pool:
+        list(pool.map(lambda b: tasks.checkpoint_rows(env[slice(*cut[b])], rows, store=store,
+                                                      site=1, block=(b, blocks)),
+                      range(blocks)))
+    np.testing.assert_array_equal(store.read_right_env(0), env)

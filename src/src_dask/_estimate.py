@@ -201,7 +201,7 @@ def pool_size(arrays: int, facts: Workers) -> int:
 def projected_again(sweep: SweepPlan) -> dict[int, int]:
     """``{site: times Z is projected again}``: once for its environment sum where ``Z``
     is not kept (``Plan.reproject``), once per block where that sum is cut."""
-    return {j: sweep.z_blocks[j - 1] if sweep.cut_env[j] else 1
+    return {j: sweep.env_sums[j]
             for j, step in enumerate(sweep.steps) if step is not None and step.reproject}
 
 
@@ -341,8 +341,8 @@ def _pass2_parts(stack: Stack, sweep: SweepPlan, j: int) -> tuple[int, int, int]
     rows = z_rows(stack, plan, j)
     block = math.ceil(rows / sweep.z_blocks[j])
     q = z_rows(stack, plan, j - 1) if j > 0 else 1
-    if sweep.cut_env and sweep.cut_env[j]:  # S_{j-1} summed by Z_{j-1}'s row blocks
-        q = math.ceil(q / sweep.z_blocks[j - 1])
+    if sweep.env_sums:  # S_{j-1} summed in blocks
+        q = math.ceil(q / sweep.env_sums[j])
     ud = stack.up(j) * stack.down(j)
     left = math.prod(stack.left_bonds(j))
     right = math.prod(s[1] for s in stack.shapes(j))

@@ -925,9 +925,26 @@ def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None
     return xp.ascontiguousarray(contract(eq, *cores, env))
 
 
-def block_rows(rows: int, block: int, blocks: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of block ``block`` when ``rows`` rows are cut in ``blocks``."""
-    return block * rows // blocks, (block + 1) * rows // blocks
+def block_rows(rows: int, block: int, blocks: int, groups: int = 1) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of block ``block`` when ``rows`` rows are cut in ``blocks``;
+    with ``groups``, cut first in ``groups`` row ranges (``block_rows(rows, o,
+    groups)``), each in its share of the blocks (:func:`block_group`): the row blocks
+    of a projected core whose environment is summed in fewer, larger blocks, so each
+    block of the core lies within one of the environment's."""
+    if groups == 1:
+        return block * rows // blocks, (block + 1) * rows // blocks
+    group, within, count = block_group(block, blocks, groups)
+    lo, hi = block_rows(rows, group, groups)
+    first, last = block_rows(hi - lo, within, count)
+    return lo + first, lo + last
+
+
+def block_group(block: int, blocks: int, groups: int) -> tuple[int, int, int]:
+    """``(group, index within it, blocks in it)`` of ``block`` of ``blocks`` shared out
+    over ``groups`` groups (``block_rows(blocks, group, groups)``)."""
+    group = ((block + 1) * groups - 1) // blocks
+    first, stop = block_rows(blocks, group, groups)
+    return group, block - first, stop - first
 
 
 def _as_matrix(z: Any, k: int) -> Any:
@@ -1199,9 +1216,10 @@ def update_env(eta: Any, zs: list[Any]) -> Any:
     return env.reshape((q,) + tuple(zs[0].shape[:k]))
 
 
-def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, int]) -> Any | None:
-    """``env`` plus row block ``rows=(b, m)`` of ``Z``'s share of ``S'`` (see
-    :func:`update_env`); None stands for an empty block, or for no sum yet."""
+def partial_update(eta: Any, z: Any | None, env: Any | None, rows: tuple[int, ...]) -> Any | None:
+    """``env`` plus row block ``rows=(b, m[, groups])`` (:func:`block_rows`) of ``Z``'s
+    share of ``S'`` (see :func:`update_env`); None stands for an empty block, or for no
+    sum yet."""
     if z is None:
         return env
     lo, hi = block_rows(eta.shape[1], *rows)

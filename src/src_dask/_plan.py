@@ -178,8 +178,8 @@ class Pass2(enum.Enum):
         ``z_left`` (not split pass 2). ``fits``: the site's whole step fits one task
         (:func:`one_task`); ``bounded``: memory, not only size, cut ``Z`` in blocks,
         so no task may hold them all (their shares of ``S`` are summed one by one);
-        ``cut_env``: no task may hold ``S_{j-1}`` whole either, so it is summed in the
-        next site's row blocks, one running sum each (:func:`env_blocks`);
+        ``cut_env``: no task may hold ``S_{j-1}`` whole either, so it is summed in row
+        blocks, one running sum each (:func:`env_blocks`);
         ``reproject``: ``Z`` is not kept (:func:`reprojects`), its shares of ``S`` are
         summed one by one, each block projected again."""
         if reproject:
@@ -204,12 +204,23 @@ class SweepPlan:
     pass2: Pass2
     fits: tuple[bool, ...] = ()  # per site: its whole step fits one task (one_task)
     bounded: tuple[bool, ...] = ()  # per site: memory cut Z in blocks (no task holds all)
-    # per site j: S_{j-1} summed in Z_{j-1}'s row blocks (no task holds it whole)
-    cut_env: tuple[bool, ...] = ()
+    # per site j: the running sums S_{j-1} is made in (1: whole; no task may hold it
+    # whole else), each over a group of Z_{j-1}'s row blocks (``K.block_rows``'s groups)
+    env_sums: tuple[int, ...] = ()
     # per site j >= 1: how pass 2's step there is cut into tasks (not split pass 2)
     steps: tuple[SiteStep | None, ...] = ()
     # each task with glibc's default reuse of freed blocks while it runs (own_heap)
     own_heap: bool = False
+
+    @property
+    def cut_env(self) -> tuple[bool, ...]:
+        """Per site j: whether ``S_{j-1}`` is summed in blocks (``env_sums``)."""
+        return tuple(e > 1 for e in self.env_sums)
+
+    def z_groups(self, j: int) -> int:
+        """The groups ``Z_j``'s row blocks are shared out in: the sums ``S_j`` was made
+        in (``env_sums[j + 1]``), each block projected from the rows of its group's."""
+        return self.env_sums[j + 1] if j + 1 < len(self.env_sums) else 1
 
     @classmethod
     def decide(cls, stack: Stack, plan: Plan, addresses: list[str] | None) -> SweepPlan:
@@ -223,7 +234,7 @@ class SweepPlan:
         # split pass 2 cuts S_{j-1} by its workers' rows already
         env = [1 if pass2.split else env_blocks(stack, plan, j) for j in range(stack.n)]
         cut = [e > 1 for e in env]
-        for j in range(1, stack.n):  # S_{j-1} summed in Z_{j-1}'s row blocks: enough
+        for j in range(1, stack.n):  # S_{j-1}'s sums each over a group of Z_{j-1}'s blocks
             blocks[j - 1] = max(blocks[j - 1], env[j])
         fits = tuple(one_task(stack, plan, j) and not cut[j] for j in range(stack.n))
         bounded = tuple(not z_whole_fits(stack, plan, j) for j in range(stack.n))
@@ -239,7 +250,7 @@ class SweepPlan:
                    own_streams=own_streams(plan.device, addresses),
                    own_heap=own_heap(plan.device, bool(addresses)),
                    lookahead=lookahead(stack, plan), z_blocks=tuple(blocks), pass2=pass2,
-                   fits=fits, bounded=bounded, cut_env=tuple(cut), steps=steps)
+                   fits=fits, bounded=bounded, env_sums=tuple(env), steps=steps)
 
 
 def on_first_worker(plan: Plan, blocks: list[int], fits: tuple[bool, ...],
@@ -522,9 +533,11 @@ def env_blocks(stack: Stack, plan: Plan, site: int) -> int:
     hold it whole beside a row of ``Z_site`` (the running sum, its new part and the
     rows of η that make them); else enough that each block takes at most half of one
     task's share (the blocks' sums run side by side, a thread each), the rest left to
-    the rows of ``Z`` it adds. Each block is then
-    the rows of one row block of ``Z_{site-1}``, projected from it alone, so no task
-    ever holds the whole environment. A :class:`~src_dask.errors.PlanError` when not
+    the rows of ``Z`` it adds. Each block then holds the rows of a group of
+    ``Z_{site-1}``'s row blocks (``_kernels.block_rows``), each projected from its
+    group's alone, so no task ever holds the whole environment, and where ``Z`` is
+    projected again, each of its blocks is projected once per sum, not once per
+    row block of ``Z_{site-1}``. A :class:`~src_dask.errors.PlanError` when not
     even one row fits. With a cutoff the bonds are known only as the run goes (see
     :func:`z_rows_that_fit`): one."""
     if plan.task_bytes is None or plan.cutoff > 0 or site == 0:

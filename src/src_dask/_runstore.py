@@ -135,13 +135,16 @@ class RunStore:
     def begin_pass2(self, site: int, eta: Any, left: tuple[int, ...],
                     rows: int | None = None) -> None:
         """The checkpoint of ``site`` begun: η_site written, S_{site-1} (η's rows by
-        ``left``) made, to be written by rows (:meth:`write_pass2_rows`, in chunks of
-        ``rows`` rows) and completed by :meth:`end_pass2`."""
+        ``left``) made, to be written by rows (:meth:`write_pass2_rows`, by writers whose
+        first rows are multiples of ``rows``, in chunks of rows that divide it) and
+        completed by :meth:`end_pass2`."""
 
         group = self._group()
         _write_whole(group, self.layout.eta_site(site), eta, eta_dims(site))
         shape = (eta.shape[0], *left)
         chunks = _integrity.chunks_for((min(rows or shape[0], shape[0]), *left), eta.dtype.itemsize)
+        if rows:  # chunks cut smaller for their bytes still divide the writers' blocks
+            chunks = (math.gcd(chunks[0], rows), *chunks[1:])
         _integrity.create(group, self.layout.right_env_site(site - 1), shape, eta.dtype,
                           chunks, overwrite=True,
                           dimension_names=right_env_dims(site - 1, len(left)))

@@ -26,21 +26,35 @@ from .builder import GraphBuilder, Inputs
 class _Z:
     """Where a site's projected core is: the keys of its row blocks, or (``in_state``)
     ``[the previous step's key]``, whose third item is ``Z`` whole; or, not kept
-    (``again``), ``source``: ``S_j``'s key (or the keys of its row blocks; None: ``S = 1``)
-    that the tasks using a row block project it from (``Plan.reproject``), in
-    ``blocks`` row blocks."""
+    (``again``), ``source``: ``S_j``'s key (or the keys of its row blocks, one per group
+    of ``Z``'s; None: ``S = 1``) that the tasks using a row block project it from
+    (``Plan.reproject``), in ``blocks`` row blocks. ``groups``: where ``S_j`` was summed
+    in blocks, ``Z``'s row blocks are shared out over them (``SweepPlan.z_groups``)."""
 
     keys: list[Any]
     in_state: bool = False
     again: bool = False
     source: Any = None
     blocks: int = 0
+    groups: int = 1
 
-    def rows_of(self, b: int) -> tuple[Any, tuple[int, int] | None]:
+    def rows_of(self, b: int) -> tuple[Any, tuple[int, int]]:
         """The ``S_j`` that row block ``b`` is projected from, and its rows there."""
-        if isinstance(self.source, list):
-            return self.source[b], None
-        return self.source, (b, self.blocks)
+        return _rows_of(self.source, b, self.blocks)
+
+    def rows(self, b: int) -> tuple[int, int, int]:
+        """Row block ``b``'s place among ``Z``'s rows (``_kernels.block_rows``)."""
+        return b, self.blocks or len(self.keys), self.groups
+
+
+def _rows_of(env: Any, b: int, blocks: int) -> tuple[Any, tuple[int, int]]:
+    """The ``S_j`` that row block ``b`` of ``blocks`` of ``Z_j`` is projected from
+    (``env``: a key, or the keys of its blocks, one per group of ``Z_j``'s blocks),
+    and the block's rows there."""
+    if isinstance(env, list):
+        group, within, count = K.block_group(b, blocks, len(env))
+        return env[group], (within, count)
+    return env, (b, blocks)
 
 
 class _Pass2:
@@ -91,20 +105,20 @@ class _Pass2:
     def project(self, j: int, env: Any) -> _Z:
         """``Z_j`` from ``S_j`` (``env``: a key, or a list of the keys of its row blocks,
         one per row block of ``Z_j``), in the plan's row blocks."""
-        g, m = self.g, self.sweep.z_blocks[j]
+        g, m, groups = self.g, self.sweep.z_blocks[j], self.sweep.z_groups(j)
         step = self.sweep.steps[j] if j > 0 else None
         if step is not None and step.reproject:  # made where it is used
-            return _Z([], again=True, source=env, blocks=m)
-        cut = isinstance(env, list)
-        zs = [g.add((g.name("pass2", j), "project", b), tasks.project, self.cores[j],
-                    env[b] if cut else env, rows=None if cut else (b, m), site=j,
-                    run=g.token)
-              for b in range(m)]
+            return _Z([], again=True, source=env, blocks=m, groups=groups)
+        zs = []
+        for b in range(m):
+            source, rows = _rows_of(env, b, m)
+            zs.append(g.add((g.name("pass2", j), "project", b), tasks.project, self.cores[j],
+                            source, rows=rows, site=j, run=g.token))
         # row blocks spread over CPU workers (the sketch and update of a block follow it);
         # all of pass 2 on the first of several GPUs
         if m > 1 or self.sweep.pass2.home:
             zs = [self.place(z, b) for b, z in enumerate(zs)]
-        return _Z(zs)
+        return _Z(zs, groups=groups)
 
     def block_envs(self, j: int) -> list[Any]:
         """The keys of ``C_j``'s blocks as pass 2 uses them: with a store, the end of
@@ -184,11 +198,11 @@ class _Pass2:
     def chain(self, j: int, z: _Z, cut: bool) -> Any:
         """``S_{j-1}`` summed along ``Z_j``'s row blocks where each is (one running sum
         in memory, not one partial per block), then checkpointed. ``cut``: one running
-        sum per row block of ``Z_{j-1}`` (``SweepPlan.cut_env``), whose keys are
-        returned as a list: no task holds ``S_{j-1}`` whole (but the checkpoint of a
-        run store, which saves it whole)."""
+        sum per block of rows (``SweepPlan.env_sums``), whose keys are returned as a
+        list: no task holds ``S_{j-1}`` whole (but the checkpoint of a run store, which
+        saves it whole)."""
         g, m = self.g, z.blocks or len(z.keys)
-        outs: list[Any] = list(range(self.sweep.z_blocks[j - 1])) if cut else [None]
+        outs: list[Any] = list(range(self.sweep.env_sums[j])) if cut else [None]
         envs = []
         for o in outs:
             env = None
@@ -200,7 +214,7 @@ class _Pass2:
                 sources, s_rows = zip(*(z.rows_of(b) for b in range(m)), strict=True)
                 envs.append(self.place(g.add(
                     name, tasks.project_update_all, self.out[j], self.cores[j],
-                    list(sources), s_rows=list(s_rows),
+                    list(sources), s_rows=list(s_rows), groups=z.groups,
                     out=None if o is None else (o, len(outs)), site=j, run=g.token), 0))
                 continue
             for b in range(m):
@@ -208,11 +222,11 @@ class _Pass2:
                 out = None if o is None else (o, len(outs))
                 if z.again:  # the row block projected again, here
                     key = g.add(name, tasks.project_update, self.out[j], self.cores[j],
-                                *z.rows_of(b), env, rows=(b, m), out=out, site=j,
+                                *z.rows_of(b), env, rows=z.rows(b), out=out, site=j,
                                 run=g.token)
                 else:
                     key = g.add(name, tasks.partial_update, self.out[j], z.keys[b], env,
-                                rows=(b, m), out=out, site=j, run=g.token)
+                                rows=z.rows(b), out=out, site=j, run=g.token)
                 env = self.place(key, b)
             envs.append(env)
         if self.store is None:

@@ -8,6 +8,7 @@ halving, and naming the site in errors.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -213,7 +214,7 @@ def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str
                         bytes_per_row=K.sketch_piece_bytes(env, z))
 
 
-def project(cores: list[Any], env: Any | None, *, rows: tuple[int, int] | None, site: int,
+def project(cores: list[Any], env: Any | None, *, rows: tuple[int, ...] | None, site: int,
             run: str) -> Any:
     """:func:`_kernels.project_core` (row block ``rows`` of ``S_j``, or all of it), in
     pieces of rows if it does not fit in memory; None for an empty block."""
@@ -236,7 +237,7 @@ def update(eta: Any, zs: list[Any], *, site: int, run: str) -> Any:
                         bytes_per_row=K.update_row_bytes(eta, z))
 
 
-def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int, int],
+def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int, ...],
                    out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
     """:func:`_kernels.partial_update`, in pieces of the rows of ``S_{j-1}`` if it does
     not fit in memory."""
@@ -336,7 +337,7 @@ def project_sketch(cores: list[Any], env: Any | None, rows: tuple[int, int] | No
 
 
 def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int, int] | None,
-                   env: Any | None, *, rows: tuple[int, int],
+                   env: Any | None, *, rows: tuple[int, ...],
                    out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
     """:func:`partial_update` with row block ``rows`` of ``Z_j`` projected again
     (from ``s_rows`` of ``S_j``, or all of ``s``) instead of kept (``Plan.reproject``)."""
@@ -345,15 +346,16 @@ def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int,
 
 
 def project_update_all(eta: Any, cores: list[Any], sources: list[Any], *,
-                       s_rows: list[tuple[int, int] | None],
+                       s_rows: list[tuple[int, int] | None], groups: int = 1,
                        out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
     """:func:`project_update` through every row block of ``Z_j`` in turn, in one task
-    (block ``b`` projected from ``s_rows[b]`` of ``sources[b]``); the running sum and
-    one block are held at a time."""
+    (block ``b`` projected from ``s_rows[b]`` of ``sources[b]``; the blocks shared out
+    in ``groups``, ``_kernels.block_rows``); the running sum and one block are held at
+    a time."""
     env = None
     for b, (s, rows) in enumerate(zip(sources, s_rows, strict=True)):
-        env = project_update(eta, cores, s, rows, env, rows=(b, len(sources)), out=out,
-                             site=site, run=run)
+        env = project_update(eta, cores, s, rows, env, rows=(b, len(sources), groups),
+                             out=out, site=site, run=run)
     return env
 
 
@@ -411,9 +413,12 @@ def checkpointed(env: Any, eta: Any, *, checkpoint: Callable[[Any, Any], None]) 
 def checkpoint_begin(eta: Any, *, store: RunStore, site: int, left: tuple[int, ...],
                      blocks: int) -> int:
     """A checkpoint of ``S_{j-1}`` in ``blocks`` row blocks begun (η_j written): the rows
-    of ``S_{j-1}``, for the blocks' tasks to place theirs."""
-    store.begin_pass2(site, eta, left, rows=max(1, eta.shape[0] // blocks))
-    return int(eta.shape[0])
+    of ``S_{j-1}``, for the blocks' tasks to place theirs. Its chunks of rows divide
+    every block's first row, so no two blocks' tasks write the same chunk."""
+    rows = int(eta.shape[0])
+    starts = (K.block_rows(rows, b, blocks)[0] for b in range(blocks))
+    store.begin_pass2(site, eta, left, rows=max(1, math.gcd(rows, *starts)))
+    return rows
 
 
 def checkpoint_rows(env: Any, rows: int, *, store: RunStore, site: int,
