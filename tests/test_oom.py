@@ -307,3 +307,39 @@ def test_a_resource_that_cannot_be_wrapped_leaves_the_run_going(fake_rmm, caplog
         assert _oom.spill_on_allocation_failure(_Worker()) is False
     assert fake_rmm.current is pool
     assert "not a device memory resource" in caplog.text
+
+
+def test_a_copy_with_no_rows_to_split_waits_for_memory_then_names_the_site(monkeypatch):
+    """A block of inputs copied to the device meets a pool full, for a moment, of the
+    running tasks' temporaries: it frees and spills what it can, waits, and tries
+    again, so the copy lands once they are gone; one that never fits fails after
+    ``WAIT_S`` with the site, not at once; any other error is raised at once."""
+    freed = []
+    monkeypatch.setattr(_oom, "_free_cached", lambda xp, need: freed.append(need))
+    monkeypatch.setattr(_oom.time, "sleep", lambda s: None)
+    attempts = []
+
+    def copy_after(n):
+        def copy():
+            attempts.append(1)
+            if len(attempts) <= n:
+                raise MemoryError("Maximum pool size exceeded (simulated)")
+            return "copied"
+        return copy
+
+    assert _oom.waiting(copy_after(3), xp=np, nbytes=256, site=7, what="M's core") == "copied"
+    assert len(attempts) == 4 and freed == [256] * 3
+    attempts.clear()
+    monkeypatch.setattr(_oom, "WAIT_S", 0.05)
+    with pytest.raises(MemoryError, match=r"site 7, M's core: out of host memory .* after"):
+        _oom.waiting(copy_after(10**9), xp=np, nbytes=256, site=7, what="M's core")
+    assert len(attempts) > 1
+    attempts.clear()
+
+    def broken():
+        attempts.append(1)
+        raise ValueError("not memory")
+
+    with pytest.raises(ValueError, match="not memory"):
+        _oom.waiting(broken, xp=np, nbytes=256, site=7, what="M's core")
+    assert len(attempts) == 1

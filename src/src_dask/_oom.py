@@ -19,6 +19,7 @@ names the site, the step and the memory one row needs.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -219,6 +220,39 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
                     "pieces of %d from now on", site, _step_name(key[1]), _memory(out.xp),
                     b - a, unit, per_row * (b - a) / 2**20, _FITS[key])
     _in_pieces(compute, a, b, out, key, site, per_row)
+
+
+#: Seconds an allocation that has no rows to split waits in all for memory to come
+#: free (:func:`waiting`): other tasks' temporaries go as those finish or halve.
+WAIT_S = 30.0
+
+
+def waiting(compute: Callable[[], Any], *, xp: Any, nbytes: int, site: int, what: str) -> Any:
+    """``compute()``, tried again while it runs out of memory, for up to ``WAIT_S``.
+
+    For what has no rows to split: a block of inputs copied to the device. There a
+    pool may be full for a moment of the running tasks' temporaries (four threads'
+    steps trying pieces that :func:`halving` then cuts), which no spilling frees but
+    which go as those tasks finish or halve (a D_M=1000 stack in a 4 GB pool failed
+    that way in its first second, its inputs' copy refused 244 MiB). Each attempt
+    frees the pools' cached blocks and spills ``nbytes`` of stored data first, then
+    waits a little longer (10 ms, doubling up to 0.5 s); past ``WAIT_S`` the
+    out-of-memory error names the site."""
+    delay, deadline = 0.01, time.monotonic() + WAIT_S
+    while True:
+        try:
+            return compute()
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            if time.monotonic() >= deadline:
+                raise MemoryError(
+                    f"site {site}, {what}: out of {_memory(xp)} for {nbytes / 2**20:.1f} MiB "
+                    f"after {WAIT_S:g} s of waiting for other tasks to free some "
+                    f"({_remedy(xp)})") from err
+        _free_cached(xp, nbytes)  # out of the except clause: the attempt's memory is gone
+        time.sleep(delay)
+        delay = min(2 * delay, 0.5)
 
 
 def _step_name(step: str) -> str:

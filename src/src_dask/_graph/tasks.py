@@ -159,8 +159,15 @@ def read_whole(x: Any, after: Any = None, pinned: bool = False) -> Any:
 
 
 def prepare(raw: Any, after: Any = None, **options: Any) -> Any:
-    """:func:`_kernels.prepare_core`; ``after``: see ``GraphBuilder.array``."""
-    return K.prepare_core(raw, **options)
+    """:func:`_kernels.prepare_core`; ``after``: see ``GraphBuilder.array``. On a GPU
+    the copy to the device waits for memory where the pool is full for a moment
+    (:func:`_oom.waiting`)."""
+    if options.get("device") != "gpu":
+        return K.prepare_core(raw, **options)
+    import cupy
+
+    return _oom.waiting(lambda: K.prepare_core(raw, **options), xp=cupy, nbytes=K.nbytes(raw),
+                        site=options["site"], what=f"{options['name']}'s core to the device")
 
 
 def lazy(core: Any) -> Any:
