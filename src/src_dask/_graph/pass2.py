@@ -104,7 +104,7 @@ class _Pass2:
 
     def project(self, j: int, env: Any) -> _Z:
         """``Z_j`` from ``S_j`` (``env``: a key, or a list of the keys of its row blocks,
-        one per row block of ``Z_j``), in the plan's row blocks."""
+        one per group of ``Z_j``'s row blocks), in the plan's row blocks."""
         g, m, groups = self.g, self.sweep.z_blocks[j], self.sweep.z_groups(j)
         step = self.sweep.steps[j] if j > 0 else None
         if step is not None and step.reproject:  # made where it is used
