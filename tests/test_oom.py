@@ -192,6 +192,15 @@ class _Worker:
         self.data.device_buffer = zict.Buffer({}, self.host, n=n, weight=lambda k, v: v.nbytes)
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_of_the_process(monkeypatch):
+    """No test sees another's registered worker or allocation wait."""
+    monkeypatch.setattr(_oom, "_WORKER", None)
+    _oom._THREAD.__dict__.clear()
+    yield
+    _oom._THREAD.__dict__.clear()
+
+
 @pytest.fixture
 def worker(monkeypatch):
     import distributed
@@ -219,17 +228,102 @@ def test_spilling_says_no_once_nothing_is_left_to_move(worker):
     assert _oom._spill_for(10**9) is False
 
 
-def test_an_error_while_spilling_is_logged_not_raised_into_rmm(worker, monkeypatch, caplog):
+def test_a_value_that_cannot_be_spilled_stays_and_the_next_one_goes(worker, monkeypatch,
+                                                                    caplog):
+    """Spilling a CuPy array that is not contiguous needs a device copy, which a full
+    pool refuses (distributed then raises "Could not serialize"): that value stays on
+    the device, nothing is lost, and the next least recently used one is moved; an
+    error never crosses into RMM."""
     buffer = worker.data.device_buffer
-    buffer["x"] = np.zeros(4)
+    buffer["x"], buffer["y"] = np.zeros(4), np.ones(4)  # x used least recently
+    evict = buffer.fast.evict
 
-    def broken():
+    def refusing_x(key=None):
+        if key == "x":
+            raise TypeError("Could not serialize object of type ndarray (simulated)")
+        return evict(key)
+
+    monkeypatch.setattr(buffer.fast, "evict", refusing_x)
+    with caplog.at_level(logging.INFO, logger="src_dask"):
+        assert _oom._spill_for(10) is True
+    assert list(worker.host) == ["y"] and "x" in buffer.fast
+    assert "could not spill x" in caplog.text
+    assert np.array_equal(buffer.fast["x"], np.zeros(4))  # nothing lost
+    assert np.array_equal(worker.host["y"], np.ones(4))
+    assert _oom._spill_for(10) is False  # only x is left, and it cannot move
+
+    def broken(key=None):
         raise OSError("host memory full (simulated)")
 
     monkeypatch.setattr(buffer.fast, "evict", broken)
+    monkeypatch.setattr(_oom, "_spill_device_data", lambda need: 1 / 0)
     with caplog.at_level(logging.ERROR, logger="src_dask"):
-        assert _oom._spill_for(10) is False
-    assert "host memory full" in caplog.text
+        assert _oom._spill_for(10) is False  # logged, not raised into RMM's C++
+    assert "ZeroDivisionError" in caplog.text
+
+
+def test_an_allocation_on_the_event_loop_spills_the_process_workers_data(fake_rmm):
+    """dask-cuda brings a spilled input back to the device on the worker's event loop,
+    where ``distributed.get_worker()`` knows no worker: the callback still finds the
+    worker whose resource it wraps and spills its data (it spilled nothing there, and
+    a D_M=1000 stack in a 4 GB pool failed within a second)."""
+    import distributed
+
+    with pytest.raises(ValueError):
+        distributed.get_worker()  # as on the event loop
+    worker = _Worker()
+    assert _oom.spill_on_allocation_failure(worker) is True
+    worker.data.device_buffer["x"] = np.zeros(4)
+    assert _oom._spill_for(10) is True
+    assert list(worker.host) == ["x"]
+    del worker  # the callback keeps no worker alive
+    assert _oom._spill_for(10) is False
+
+
+def test_an_allocation_waits_for_running_tasks_only_where_nothing_else_can(worker,
+                                                                          monkeypatch):
+    """With nothing left to spill, an allocation outside src_dask's steps (an input
+    brought back before its task starts) is tried again while another task runs on
+    the worker, for up to ``WAIT_S``; one inside a step that cuts its own work
+    (:func:`_oom.halving` above one row, :func:`_oom.waiting`) fails at once, as does
+    one on a worker where no other task runs (nothing would free memory)."""
+    import threading
+
+    slept = []
+    monkeypatch.setattr(_oom.time, "sleep", slept.append)
+    worker.active_threads = {threading.get_ident(): "this task"}
+    assert _oom._spill_for(10) is False and slept == []  # no other task: nothing to wait for
+    worker.active_threads[-1] = "another task"
+    clock = iter(range(10**6))
+    monkeypatch.setattr(_oom.time, "monotonic", lambda: next(clock) * 0.01)
+    monkeypatch.setattr(_oom, "WAIT_S", 1.0)
+    tries = 1
+    while _oom._spill_for(10):
+        tries += 1
+    assert 5 < tries < 200 and len(slept) == tries - 1  # within WAIT_S, then RMM raises
+    assert slept[0] < slept[-1] <= 0.1  # 5 ms doubling, at most 0.1 s
+    slept.clear()
+    with _oom._handles_oom():
+        assert _oom._spill_for(10) is False and slept == []
+    with _oom._handles_oom(False):  # one row left: it waits
+        assert _oom._spill_for(10) is True
+
+
+def test_halving_leaves_the_waiting_to_its_last_row(monkeypatch):
+    """Pieces above one row fail at once (and are cut); a piece of one row, which
+    cannot be cut, has its allocations wait for other tasks' memory instead."""
+    seen = []
+
+    def compute(a, b):
+        seen.append((b - a, getattr(_oom._THREAD, "splits", 0)))
+        if b - a > 1:
+            raise MemoryError("Maximum pool size exceeded (simulated)")
+        return np.full((1, 2), a)
+
+    monkeypatch.setattr(_oom, "_free_cached", lambda xp, need: None)
+    out = _oom.halving(compute, 3, xp=np, run="waits", step="update", site=2, bytes_per_row=8)
+    assert np.array_equal(out[:, 0], [0, 1, 2])
+    assert {n: flag for n, flag in seen} == {3: 1, 2: 1, 1: 0}
 
 
 class _Resource:

@@ -18,9 +18,12 @@ names the site, the step and the memory one row needs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _pinned
@@ -62,32 +65,50 @@ def _spill_device_data(need: int) -> int:
     past its limit, so a task's temporaries can meet a device whose pool is full
     of data the worker would gladly move; a running task holds its own inputs,
     which the LRU order moves last. Only what the attempt needs is moved: what
-    is spilled comes back over the host link when it is used. zict's buffers are
-    thread-safe (zict >= 3)."""
-    try:
-        from distributed import get_worker
-
-        buffer = getattr(get_worker().data, "device_buffer", None)
-    except (ImportError, ValueError):
-        return 0
+    is spilled comes back over the host link when it is used. A value that cannot
+    be moved (serialising an array that is not contiguous needs a device copy,
+    which a full pool refuses) stays where it is, and the next is tried. zict's
+    buffers are thread-safe (zict >= 3)."""
+    worker = _worker()
+    buffer = getattr(getattr(worker, "data", None), "device_buffer", None)
     fast = getattr(buffer, "fast", None)
-    limit = getattr(buffer, "n", None)
-    if fast is None or not limit:
+    if fast is None or not getattr(buffer, "n", None):
         return 0
     moved = 0
-    while moved < need:
+    for key in list(getattr(fast, "order", ())):  # least recently used first
+        if moved >= need:
+            break
         try:
-            evicted = fast.evict()
-        except KeyError:  # nothing left to spill
-            break
-        key, weight = evicted[0], evicted[2]
+            evicted = fast.evict(key)
+        except KeyError:  # gone meanwhile (used, deleted or spilled by another thread)
+            continue
+        except Exception as err:  # this value cannot move now: leave it in place
+            log.info("could not spill %s from the device: %s: %s", key, type(err).__name__,
+                     err)
+            continue
+        weight = evicted[2]
         del evicted  # the device copy goes with the last reference here
-        if key is None:  # another thread is spilling the same key: let it
-            break
         moved += int(weight)
     if moved:
         log.info("spilled %.3g GB of stored data from the device to host memory", moved / 1e9)
     return moved
+
+
+#: The dask-cuda worker of this process whose allocations spill on failure
+#: (:func:`spill_on_allocation_failure`), for the allocations that happen where
+#: ``distributed.get_worker`` knows no worker: on the worker's event loop, as
+#: dask-cuda brings a spilled input back to the device before a task starts.
+_WORKER: Any = None
+
+
+def _worker() -> Any:
+    """The Dask worker running this task, else this process's dask-cuda worker."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return _WORKER() if _WORKER is not None else None
 
 
 def spill_on_allocation_failure(dask_worker: Any) -> bool:
@@ -103,12 +124,16 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
     the worker's RMM resource is wrapped in RMM's ``FailureCallbackResourceAdaptor``,
     whose callback spills the least recently used stored data
     (:func:`_spill_device_data`) and asks RMM to try again while there was some
-    to spill; then the error comes as before. An adaptor that counts allocations
-    (``_COUNTING``) stays on top. Once a process (the resources' chain is looked
-    through); False where there is no RMM or no dask-cuda device buffer."""
+    to spill, then waits for the running tasks to free memory
+    (:func:`_wait_for_tasks`, up to ``WAIT_S``); then the error comes as before.
+    An adaptor that counts allocations (``_COUNTING``) stays on top. Once a process
+    (the resources' chain is looked through); False where there is no RMM or no
+    dask-cuda device buffer."""
+    global _WORKER
     buffer = getattr(getattr(dask_worker, "data", None), "device_buffer", None)
     if getattr(buffer, "fast", None) is None:
         return False
+    _WORKER = weakref.ref(dask_worker)
     try:
         return _wrap_resource()
     except Exception as err:  # a resource this does not know: runs go on without it
@@ -143,12 +168,68 @@ _COUNTING = ("TrackingResourceAdaptor", "StatisticsResourceAdaptor")
 
 
 def _spill_for(nbytes: int) -> bool:
-    """RMM's failure callback: spill ``nbytes`` of stored data; whether to try again."""
+    """RMM's failure callback: spill ``nbytes`` of stored data, or else wait for the
+    running tasks to free some (:func:`_wait_for_tasks`); whether to try again."""
     try:
-        return _spill_device_data(nbytes) > 0
+        return _spill_device_data(nbytes) > 0 or _wait_for_tasks(nbytes)
     except Exception:  # an exception must not cross into RMM's C++: the error raises
         log.exception("spilling stored data for an allocation of %d bytes failed", nbytes)
         return False
+
+
+#: Per thread: how deep it is in steps that handle their own out-of-memory errors
+#: (``splits``), and the allocation it waits for (``wait``: start, last try, delay).
+_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def _handles_oom(handles: bool = True) -> Iterator[None]:
+    """Allocations in this block fail at once when nothing is left to spill: the
+    caller cuts its work smaller or waits itself (:func:`halving`, :func:`waiting`)."""
+    depth = getattr(_THREAD, "splits", 0)
+    _THREAD.splits = depth + int(handles)
+    try:
+        yield
+    finally:
+        _THREAD.splits = depth
+
+
+def _others_running() -> bool:
+    """Whether a task runs on this worker in a thread other than this one (what frees
+    memory while this thread waits; a finished task's inputs and result go only as
+    the worker's event loop takes them)."""
+    active = getattr(_worker(), "active_threads", None) or {}
+    me = threading.get_ident()
+    return any(ident != me for ident in list(active))
+
+
+def _wait_for_tasks(nbytes: int) -> bool:
+    """Sleep a little (5 ms, doubling to 0.1 s) and say "try again", for up to
+    ``WAIT_S`` per allocation and while other tasks run on the worker; False at
+    once inside :func:`_handles_oom`.
+
+    An allocation that meets a pool full of the running tasks' temporaries, with
+    no stored data left to spill, gets memory as those tasks finish or halve. The
+    one that matters is dask-cuda bringing a spilled input back to the device for
+    the next task, which happens on the worker's event loop before any src_dask
+    code runs and so cannot be cut or retried by it (a D_M=1000 stack in a 4 GB
+    pool failed there, 244 MiB refused at 3.59 of 3.73 GiB). The loop stops
+    meanwhile, which also holds back the next task's start. A new allocation is
+    one that comes more than a second after this thread's last try."""
+    if getattr(_THREAD, "splits", 0) or not _others_running():
+        return False
+    now = time.monotonic()
+    start, last, delay = getattr(_THREAD, "wait", None) or (now, now, 0.005)
+    if now - last > 1.0:
+        start, delay = now, 0.005
+        log.debug("an allocation of %.1f MiB waits for running tasks to free device "
+                  "memory", nbytes / 2**20, stack_info=True)
+    if now - start >= WAIT_S:
+        _THREAD.wait = None
+        return False
+    time.sleep(delay)
+    _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1))
+    return True
 
 
 def halving(compute: Callable[[int, int], Any], rows: int, *, xp: Any, run: str, step: str,
@@ -198,7 +279,9 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
              per_row: int) -> None:
     unit = _UNITS.get(key[1], "row")
     try:
-        out.put(a, b, compute(a, b))
+        with _handles_oom(b - a > 1):  # one row left: its allocations wait instead
+            part = compute(a, b)
+        out.put(a, b, part)
         return
     except Exception as err:
         if not is_oom(err):
@@ -223,7 +306,8 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
 
 
 #: Seconds an allocation that has no rows to split waits in all for memory to come
-#: free (:func:`waiting`): other tasks' temporaries go as those finish or halve.
+#: free (:func:`waiting`, :func:`_wait_for_tasks`): other tasks' temporaries go as
+#: those finish or halve.
 WAIT_S = 30.0
 
 
@@ -241,7 +325,8 @@ def waiting(compute: Callable[[], Any], *, xp: Any, nbytes: int, site: int, what
     delay, deadline = 0.01, time.monotonic() + WAIT_S
     while True:
         try:
-            return compute()
+            with _handles_oom():
+                return compute()
         except Exception as err:
             if not is_oom(err):
                 raise
