@@ -148,6 +148,31 @@ class WorkerWarnings(WorkerPlugin):
         return list(self.handler.kept)
 
 
+class _RunLog(logging.Handler):
+    """The run's own INFO lines on the client's ``src_dask`` logger (its plan as the
+    run decided it, which may differ from ``src_dask.plan``'s a moment earlier: the
+    workers' memory is measured again), kept while the rung's run lasts."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage()[:2000])
+
+    def __enter__(self) -> _RunLog:
+        self.logger = logging.getLogger("src_dask")
+        self.level = self.logger.level
+        self.logger.addHandler(self)
+        if not self.logger.isEnabledFor(logging.INFO):
+            self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+
 def _listen(client: Any) -> None:
     """Keep the workers' warnings of distributed's event loop and of src_dask."""
     client.register_plugin(WorkerWarnings())
@@ -220,7 +245,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             _listen(client)
         stream = get_task_stream(client=client) if args.tasks else contextlib.nullcontext()
         counted = cap_gb and all(client.run(_count_allocations).values())
-        with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks:
+        with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks, \
+                _RunLog() as run_log:
             start = time.perf_counter()
             try:
                 y = src_dask.src(*trains, chi_out=args.chi_out, seed=0, client=client)
@@ -228,6 +254,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
                 entry["failed"] = f"{type(err).__name__}: {err}"[:2000]
                 print(f"cap {cap_gb} GB: FAILED {entry['failed'][:400]}", flush=True)
                 return entry, None
+            finally:
+                entry["run_log"] = run_log.lines
             entry["seconds"] = time.perf_counter() - start
         if args.tasks:
             entry["tasks"] = task_profile(tasks.data)

@@ -408,3 +408,22 @@ def test_the_loop_watch_writes_down_what_a_stalled_loop_waits_in():
     stacks = loop["stall_stacks"]
     assert stacks["dumps"] >= 1
     assert any("hold_the_loop" in where for where, _ in stacks["loop"]), stacks
+
+
+def test_the_ladder_keeps_the_runs_own_plan_lines():
+    """A rung records what its run logged on the client (its plan as decided then);
+    the logger's level is put back after."""
+    import logging
+
+    from bench_memory_ladder import _RunLog
+    from problems import tiny_stack
+
+    import src_dask
+
+    logger = logging.getLogger("src_dask")
+    before = logger.level
+    with _RunLog() as run_log:
+        src_dask.src(*tiny_stack(2), chi_out=4, seed=0)
+    assert "src: seed 0" in run_log.lines
+    assert any(line.startswith("src: SRC plan") for line in run_log.lines), run_log.lines
+    assert logger.level == before and run_log not in logger.handlers
