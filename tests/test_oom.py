@@ -238,7 +238,10 @@ def test_a_value_that_cannot_be_spilled_stays_and_the_next_one_goes(worker, monk
     buffer["x"], buffer["y"] = np.zeros(4), np.ones(4)  # x used least recently
     evict = buffer.fast.evict
 
+    flags = []
+
     def refusing_x(key=None):
+        flags.append(getattr(_oom._THREAD, "splits", 0))  # a copy it needs must not wait
         if key == "x":
             raise TypeError("Could not serialize object of type ndarray (simulated)")
         return evict(key)
@@ -247,7 +250,7 @@ def test_a_value_that_cannot_be_spilled_stays_and_the_next_one_goes(worker, monk
     with caplog.at_level(logging.INFO, logger="src_dask"):
         assert _oom._spill_for(10) is True
     assert list(worker.host) == ["y"] and "x" in buffer.fast
-    assert "could not spill x" in caplog.text
+    assert "could not spill x" in caplog.text and min(flags) >= 1
     assert np.array_equal(buffer.fast["x"], np.zeros(4))  # nothing lost
     assert np.array_equal(worker.host["y"], np.ones(4))
     assert _oom._spill_for(10) is False  # only x is left, and it cannot move
@@ -302,6 +305,10 @@ def test_an_allocation_waits_for_running_tasks_only_where_nothing_else_can(worke
         tries += 1
     assert 5 < tries < 200 and len(slept) == tries - 1  # within WAIT_S, then RMM raises
     assert slept[0] < slept[-1] <= 0.1  # 5 ms doubling, at most 0.1 s
+    for _ in range(3):  # the next allocation, of this size, right after
+        _oom._spill_for(10)
+    slept.clear()
+    assert _oom._spill_for(20) is True and slept == [0.005]  # another size: a new wait
     slept.clear()
     with _oom._handles_oom():
         assert _oom._spill_for(10) is False and slept == []

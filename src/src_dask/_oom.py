@@ -79,7 +79,8 @@ def _spill_device_data(need: int) -> int:
         if moved >= need:
             break
         try:
-            evicted = fast.evict(key)
+            with _handles_oom():  # a device copy it needs fails at once: next key
+                evicted = fast.evict(key)
         except KeyError:  # gone meanwhile (used, deleted or spilled by another thread)
             continue
         except Exception as err:  # this value cannot move now: leave it in place
@@ -215,12 +216,13 @@ def _wait_for_tasks(nbytes: int) -> bool:
     code runs and so cannot be cut or retried by it (a D_M=1000 stack in a 4 GB
     pool failed there, 244 MiB refused at 3.59 of 3.73 GiB). The loop stops
     meanwhile, which also holds back the next task's start. A new allocation is
-    one that comes more than a second after this thread's last try."""
+    one of another size, or one that comes more than a second after this thread's
+    last try."""
     if getattr(_THREAD, "splits", 0) or not _others_running():
         return False
     now = time.monotonic()
-    start, last, delay = getattr(_THREAD, "wait", None) or (now, now, 0.005)
-    if now - last > 1.0:
+    start, last, delay, size = getattr(_THREAD, "wait", None) or (now, now, 0.005, nbytes)
+    if now - last > 1.0 or size != nbytes:
         start, delay = now, 0.005
         log.debug("an allocation of %.1f MiB waits for running tasks to free device "
                   "memory", nbytes / 2**20, stack_info=True)
@@ -228,7 +230,7 @@ def _wait_for_tasks(nbytes: int) -> bool:
         _THREAD.wait = None
         return False
     time.sleep(delay)
-    _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1))
+    _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1), nbytes)
     return True
 
 
