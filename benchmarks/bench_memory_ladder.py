@@ -253,6 +253,10 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             except Exception as err:  # noqa: BLE001 - a rung that fails is a result
                 entry["failed"] = f"{type(err).__name__}: {err}"[:2000]
                 print(f"cap {cap_gb} GB: FAILED {entry['failed'][:400]}", flush=True)
+                if args.tasks:  # the worker's warnings go to the plugin, not to stderr
+                    with contextlib.suppress(Exception):
+                        entry["worker_warnings"] = _loop_warnings(client)
+                        print("\n".join(entry["worker_warnings"]), flush=True)
                 return entry, None
             finally:
                 entry["run_log"] = run_log.lines

@@ -55,13 +55,19 @@ def dask_cuda_stand_in(monkeypatch):
     <class name>``, the device buffer's ``n`` as ``device-memory-limit``) without the
     rest of a worker it needs: what src_dask reads of its answer, tested on the CPU (the
     GPU tests read the real one's)."""
+    import pickle
     import sys
     import types
 
     def get_worker_config(dask_worker):
-        out = {f"[plugin] {type(p).__name__}":
-               {v: getattr(p, v) for v in dir(p) if not v.startswith("_")}
-               for p in dask_worker.plugins.values()}
+        out = {}
+        for p in dask_worker.plugins.values():
+            config = {v: getattr(p, v) for v in dir(p) if not v.startswith("_")}
+            try:  # as dask-cuda's: only a TypeError is taken for "cannot be sent"
+                pickle.dumps(config)
+            except TypeError:
+                config = "UNKNOWN CONFIG"
+            out[f"[plugin] {type(p).__name__}"] = config
         buffer = getattr(dask_worker.data, "device_buffer", None)
         if hasattr(buffer, "n"):
             out["device-memory-limit"] = buffer.n

@@ -475,6 +475,36 @@ def test_a_gpu_worker_has_no_more_device_memory_than_its_rmm_pool_may_take(monke
     assert whole - capped >= (gpu - pool) * 0.95 / 4
 
 
+def test_a_plugin_dask_cuda_cannot_read_does_not_hide_the_pool(monkeypatch,
+                                                              dask_cuda_stand_in):
+    """dask-cuda's ``get_worker_config`` pickles every plugin's attributes and raises
+    on anything but a TypeError: a plugin of a class pickle cannot find (one defined
+    in a script's ``__main__`` or a function) made the plan of a 4 GB pool size tasks
+    for the whole GPU. The pool and the device limit are then read directly."""
+    from types import SimpleNamespace
+
+    import zict
+
+    class RMMSetup:
+        def __init__(self):
+            self.initial_pool_size, self.maximum_pool_size = 2 * 10**9, 4 * 10**9
+
+    class Local:  # its bound method pickles the instance, whose class pickle cannot find
+        def read(self):
+            return []
+
+    gpu = 80 * 10**9
+    monkeypatch.setattr(C, "_memory", lambda device, dask_worker=None: gpu)
+    data = SimpleNamespace(device_buffer=zict.Buffer({}, {}, n=int(2.67e9)))
+    worker = SimpleNamespace(plugins={"rmm": RMMSetup(), "mine": Local()}, data=data,
+                             memory_manager=None)
+    with pytest.raises(Exception) as err:  # what dask-cuda's reader does with it
+        sys.modules["dask_cuda.utils"].get_worker_config(worker)
+    assert not isinstance(err.value, TypeError)
+    facts = C._facts("gpu", dask_worker=worker)
+    assert facts["device_memory"] == 4 * 10**9 and facts["device_limit"] == int(2.67e9)
+
+
 def test_a_dask_cuda_worker_keeps_host_data_up_to_its_spill_threshold(monkeypatch,
                                                                       dask_cuda_stand_in):
     """dask-cuda's host buffer keeps data up to the worker's whole limit: its data spill

@@ -342,11 +342,29 @@ def _dask_cuda_config(dask_worker: Any) -> dict[str, Any]:
 
     try:
         return get_worker_config(dask_worker)
-    except Exception as err:  # noqa: BLE001 - a worker it cannot read: told nothing
-        log.warning("src: dask_cuda.utils.get_worker_config failed on %s (%s): the plan "
-                    "does not know its RMM pool or device limit",
-                    getattr(dask_worker, "address", "a worker"), err)
-        return {}
+    except Exception as err:  # noqa: BLE001 - read what the plan needs directly instead
+        # it pickles every plugin's attributes and raises on more than a TypeError: a
+        # plugin whose class was defined in a script's __main__ (a benchmark's) made
+        # a capped pool's plan forget its cap, and the run sized tasks for the GPU
+        log.info("src: dask_cuda.utils.get_worker_config failed on %s (%s: %s); its RMM "
+                 "pool and device limit read directly", getattr(dask_worker, "address",
+                                                                "a worker"),
+                 type(err).__name__, err)
+        return _read_cuda_config(dask_worker)
+
+
+def _read_cuda_config(dask_worker: Any) -> dict[str, Any]:
+    """What :func:`_dask_cuda_config` reads of a worker, taken from it directly: the
+    public attributes of its ``RMMSetup`` plugin and its device buffer's limit."""
+    out: dict[str, Any] = {}
+    for plugin in getattr(dask_worker, "plugins", {}).values():
+        if type(plugin).__name__ == "RMMSetup":
+            out["[plugin] RMMSetup"] = {k: v for k, v in vars(plugin).items()
+                                        if not k.startswith("_")}
+    buffer = getattr(getattr(dask_worker, "data", None), "device_buffer", None)
+    if hasattr(buffer, "n"):
+        out["device-memory-limit"] = buffer.n
+    return out
 
 
 def _positive(x: Any) -> int | None:
