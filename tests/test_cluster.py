@@ -496,8 +496,11 @@ def test_a_plugin_dask_cuda_cannot_read_does_not_hide_the_pool(monkeypatch,
     gpu = 80 * 10**9
     monkeypatch.setattr(C, "_memory", lambda device, dask_worker=None: gpu)
     data = SimpleNamespace(device_buffer=zict.Buffer({}, {}, n=int(2.67e9)))
-    worker = SimpleNamespace(plugins={"rmm": RMMSetup(), "mine": Local()}, data=data,
-                             memory_manager=None)
+    class Worker:  # a Worker's instances can be weakly referenced: a SimpleNamespace not
+        plugins, memory_manager = {"rmm": RMMSetup(), "mine": Local()}, None
+
+    worker = Worker()
+    worker.data = data
     with pytest.raises(Exception) as err:  # what dask-cuda's reader does with it
         sys.modules["dask_cuda.utils"].get_worker_config(worker)
     assert not isinstance(err.value, TypeError)

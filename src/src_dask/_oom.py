@@ -134,10 +134,7 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
     buffer = getattr(getattr(dask_worker, "data", None), "device_buffer", None)
     if getattr(buffer, "fast", None) is None:
         return False
-    try:
-        _WORKER = weakref.ref(dask_worker)
-    except TypeError:  # no weak references (a stand-in): held as it is
-        _WORKER = lambda: dask_worker  # noqa: E731
+    _WORKER = weakref.ref(dask_worker)
     try:
         return _wrap_resource()
     except Exception as err:  # a resource this does not know: runs go on without it
