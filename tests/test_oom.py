@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +222,22 @@ def test_spilling_for_an_allocation_moves_the_least_recently_used_data_first(wor
     assert _oom._spill_for(300) is True  # two blocks of 200 B reach 300
     assert sorted(worker.host) == ["b", "c"]
     assert all(np.array_equal(buffer[k], blocks[k]) for k in "abcd")  # nothing lost
+
+
+def test_spilling_leaves_the_inputs_of_running_tasks_where_they_are(worker):
+    """A running task holds its inputs: moving them would free nothing and make the
+    next task that wants one copy it back to the device beside the first."""
+    from types import SimpleNamespace as NS
+
+    buffer = worker.data.device_buffer
+    for i, k in enumerate("abc"):
+        buffer[k] = np.full(25, i, dtype=np.float64)  # a used least recently
+    running = NS(dependencies=[NS(key="a"), NS(key="b")])  # TaskStates, as far as read
+    worker.state = NS(executing=[running])
+    assert _oom._spill_for(300) is True and list(worker.host) == ["c"]
+    assert sorted(buffer.fast) == ["a", "b"]
+    worker.state.executing.clear()  # the task ended: its inputs may go
+    assert _oom._spill_for(300) is True and sorted(worker.host) == ["a", "b", "c"]
 
 
 def test_spilling_says_no_once_nothing_is_left_to_move(worker):
@@ -444,3 +463,141 @@ def test_a_copy_with_no_rows_to_split_waits_for_memory_then_names_the_site(monke
     with pytest.raises(ValueError, match="not memory"):
         _oom.waiting(broken, xp=np, nbytes=256, site=7, what="M's core")
     assert len(attempts) == 1
+
+
+
+class _Pool:
+    """A simulated device pool of ``units``: an allocation that does not fit asks the
+    failure callback, as RMM's ``FailureCallbackResourceAdaptor`` does, and tries
+    again while it says so; else ``MemoryError``."""
+
+    def __init__(self, units: int):
+        import threading
+
+        self.free, self.lock = units, threading.Lock()
+
+    def alloc(self) -> None:
+        while True:
+            with self.lock:
+                if self.free:
+                    self.free -= 1
+                    return
+            if not _oom._spill_for(1):
+                raise MemoryError("Maximum pool size exceeded (simulated)")
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            self.free += n
+
+
+#: What the tasks below share in the test's process (tasks are pickled by reference).
+_SIM: dict = {}
+
+
+def _row_of_two_units(task: int, a: int, b: int):
+    """Row ``a`` of ``task``: one unit, then (after all tasks hold one, on their first
+    row) a second, both given back at the end."""
+    pool, met = _SIM["pool"], _SIM["met"]
+    pool.alloc()
+    try:
+        if a == 0 and task not in _SIM["met_by"]:
+            _SIM["met_by"].add(task)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                met.wait()
+        pool.alloc()
+        pool.release(1)
+        return np.full((b - a, 2), 10 * task + np.arange(a, b)[:, None])
+    finally:
+        pool.release(1)
+
+
+def _task_of_rows(task: int):
+    return _oom.halving(lambda a, b: _row_of_two_units(task, a, b), _SIM["rows"], xp=np,
+                        run="turns", step="update", site=task, bytes_per_row=8)
+
+
+@pytest.mark.timeout(60)
+def test_rows_that_each_hold_part_of_their_memory_take_turns(monkeypatch):
+    """Three tasks' rows, each of two allocations in a pool of three, all hold their
+    first one and wait for the second (a D_M=1000 stack in a 3 GB pool stopped so
+    after 30 s): none waits for the others, they take turns, and every task
+    completes, its result unchanged."""
+    import distributed
+
+    class _Time:  # counts the waits' sleeps
+        monotonic, sleeps = staticmethod(time.monotonic), []
+
+        def sleep(self, s):
+            self.sleeps.append(s)
+            time.sleep(s)
+
+    monkeypatch.setattr(_oom, "time", _Time())
+    monkeypatch.setattr(_oom, "WAIT_S", 10.0)
+    monkeypatch.setitem(_oom._FITS, ("turns", "update"), 1)
+    monkeypatch.setattr(_oom, "_RESCHEDULED", {})
+    _SIM.update(pool=_Pool(3), rows=4, met=threading.Barrier(3, timeout=5), met_by=set())
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=3,
+                            dashboard_address=":0") as client:
+        results = client.gather(client.map(_task_of_rows, range(3), pure=False))
+    for t, out in enumerate(results):
+        assert np.array_equal(out[:, 0], 10 * t + np.arange(4))
+    assert _SIM["pool"].free == 3 and not _SIM["met"].broken  # all three met
+    assert sum(_oom.time.sleeps) < 1.0  # not a WAIT_S of waiting for each other
+
+
+def _refused_twice(a: int, b: int):
+    """A row refused on its first try and in its turn, then computed."""
+    if len(_SIM["refused"]) < 2:
+        _SIM["refused"].append(b - a)
+        raise MemoryError("Maximum pool size exceeded (simulated)")
+    return np.ones((b - a, 2))
+
+
+def _never_fits(a: int, b: int):
+    raise MemoryError("Maximum pool size exceeded (simulated)")
+
+
+def _one_row(compute):
+    return _oom.halving(compute, 1, xp=np, run="resched", step="projection", site=7,
+                        bytes_per_row=2**20)
+
+
+def _works_a_while():
+    _SIM["working"].set()
+    _SIM["stop"].wait(_SIM["work_s"])  # works meanwhile: longer than a row waits (WAIT_S)
+    return 1
+
+
+@pytest.mark.timeout(60)
+def test_a_row_that_never_fits_beside_other_tasks_gives_its_memory_back(monkeypatch):
+    """A row that does not fit even in its turn, while another task runs, makes its
+    task give back all it holds and run again later (Dask reschedules it); the second
+    run completes. With no other task it is an error naming the site, at once; and a
+    task rescheduled ``RESCHEDULES`` times fails with that error too."""
+    import distributed
+
+    monkeypatch.setattr(_oom, "WAIT_S", 0.2)
+    monkeypatch.setattr(_oom, "_RESCHEDULED", {})
+    monkeypatch.setattr(_oom, "RESCHEDULES", 2)
+    _SIM.update(refused=[], working=threading.Event(), stop=threading.Event(), work_s=1.0)
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2,
+                            dashboard_address=":0") as client:
+        busy = client.submit(_works_a_while, pure=False)
+        assert _SIM["working"].wait(10)
+        out = client.submit(_one_row, _refused_twice, pure=False).result()
+        assert np.array_equal(out, np.ones((1, 2))) and _SIM["refused"] == [1, 1]
+        assert list(_oom._RESCHEDULED.values()) == [1]  # run again once
+        busy.result()
+
+        _SIM.update(working=threading.Event(), work_s=20.0)
+        busy = client.submit(_works_a_while, pure=False)
+        assert _SIM["working"].wait(10)
+        doomed = client.submit(_one_row, _never_fits, pure=False)
+        with pytest.raises(MemoryError, match="site 7, pass 2's projection: one row"):
+            doomed.result()
+        assert list(_oom._RESCHEDULED.values())[-1] == 3  # twice again, then the error
+        _SIM["stop"].set()
+        busy.result()
+    with pytest.raises(MemoryError, match="site 7, pass 2's projection: one row of the "
+                                          "projected core does not fit .* 1.0 MiB"):
+        _one_row(_never_fits)  # no worker, no other task: at once

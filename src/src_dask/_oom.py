@@ -63,21 +63,24 @@ def _spill_device_data(need: int) -> int:
 
     dask-cuda spills stored data only when a new result takes the device buffer
     past its limit, so a task's temporaries can meet a device whose pool is full
-    of data the worker would gladly move; a running task holds its own inputs,
-    which the LRU order moves last. Only what the attempt needs is moved: what
-    is spilled comes back over the host link when it is used. A value that cannot
-    be moved (serialising an array that is not contiguous needs a device copy,
-    which a full pool refuses) stays where it is, and the next is tried. zict's
-    buffers are thread-safe (zict >= 3)."""
+    of data the worker would gladly move. The inputs of running tasks are not
+    moved: the tasks hold them, so that would free nothing and make the next task
+    that wants them bring a second copy to the device. Only what the attempt needs
+    is moved: what is spilled comes back over the host link when it is used. A
+    value that cannot be moved (serialising an array that is not contiguous needs
+    a device copy, which a full pool refuses) stays where it is, and the next is
+    tried. zict's buffers are thread-safe (zict >= 3)."""
     worker = _worker()
     buffer = getattr(getattr(worker, "data", None), "device_buffer", None)
     fast = getattr(buffer, "fast", None)
     if fast is None or not getattr(buffer, "n", None):
         return 0
-    moved = 0
+    moved, in_use = 0, _in_use(worker)
     for key in list(getattr(fast, "order", ())):  # least recently used first
         if moved >= need:
             break
+        if key in in_use:
+            continue
         try:
             with _handles_oom():  # a device copy it needs fails at once: next key
                 evicted = fast.evict(key)
@@ -93,6 +96,18 @@ def _spill_device_data(need: int) -> int:
     if moved:
         log.info("spilled %.3g GB of stored data from the device to host memory", moved / 1e9)
     return moved
+
+
+def _in_use(worker: Any) -> set[Any]:
+    """The keys of the inputs of the tasks ``worker`` runs now (read from another
+    thread than the event loop that changes them, so tried again if they change)."""
+    executing = getattr(getattr(worker, "state", None), "executing", None)
+    for _ in range(3):
+        try:
+            return {dep.key for ts in list(executing or ()) for dep in ts.dependencies}
+        except RuntimeError:  # changed size while read
+            continue
+    return set()
 
 
 #: The dask-cuda worker of this process whose allocations spill on failure
@@ -195,13 +210,38 @@ def _handles_oom(handles: bool = True) -> Iterator[None]:
         _THREAD.splits = depth
 
 
-def _others_running() -> bool:
-    """Whether a task runs on this worker in a thread other than this one (what frees
-    memory while this thread waits; a finished task's inputs and result go only as
-    the worker's event loop takes them)."""
+#: Threads that wait for device memory now, by thread id: "sleeping" between tries
+#: of an allocation (holding what their step allocated before it), "queued" for
+#: their row's turn or between tries of a copy (holding no temporaries).
+_WAITING: dict[int, str] = {}
+
+
+@contextlib.contextmanager
+def _marked(state: str) -> Iterator[None]:
+    me = threading.get_ident()
+    _WAITING[me] = state
+    try:
+        yield
+    finally:
+        _WAITING.pop(me, None)
+
+
+def _others_running(row: str | None = None) -> bool:
+    """Whether a task runs on this worker in another thread that may free memory for
+    this one (a finished task's inputs and result go only as the worker's event loop
+    takes them). For a row's first try (``row="first"``) only a task that works
+    counts: if every other one waits for memory too, none will free any, and the
+    rows take turns instead. For the row whose turn it is (``"turn"``) a task that
+    waits holding temporaries counts too: it gives them up to queue for its own
+    turn. For anything else, any other task."""
     active = getattr(_worker(), "active_threads", None) or {}
     me = threading.get_ident()
-    return any(ident != me for ident in list(active))
+    for ident in list(active):
+        waits = _WAITING.get(ident)
+        if ident != me and (row is None or waits is None
+                            or (row == "turn" and waits == "sleeping")):
+            return True
+    return False
 
 
 def _wait_for_tasks(nbytes: int) -> bool:
@@ -217,8 +257,9 @@ def _wait_for_tasks(nbytes: int) -> bool:
     pool failed there, 244 MiB refused at 3.59 of 3.73 GiB). The loop stops
     meanwhile, which also holds back the next task's start. A new allocation is
     one of another size, or one that comes more than a second after this thread's
-    last try."""
-    if getattr(_THREAD, "splits", 0) or not _others_running():
+    last try. A row of :func:`halving` waits only while another task may free
+    memory for it (:func:`_others_running`)."""
+    if getattr(_THREAD, "splits", 0) or not _others_running(getattr(_THREAD, "row", None)):
         return False
     now = time.monotonic()
     start, last, delay, size = getattr(_THREAD, "wait", None) or (now, now, 0.005, nbytes)
@@ -229,7 +270,8 @@ def _wait_for_tasks(nbytes: int) -> bool:
     if now - start >= WAIT_S:
         _THREAD.wait = None
         return False
-    time.sleep(delay)
+    with _marked("sleeping"):
+        time.sleep(delay)
     _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1), nbytes)
     return True
 
@@ -279,32 +321,97 @@ def _in_pieces(compute, a: int, b: int, out: _Output, key: tuple[str, str], site
 
 def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
              per_row: int) -> None:
-    unit = _UNITS.get(key[1], "row")
     try:
-        with _handles_oom(b - a > 1):  # one row left: its allocations wait instead
-            part = compute(a, b)
+        with _handles_oom(b - a > 1), _row("first" if b - a == 1 else None):
+            part = compute(a, b)  # one row left: its allocations wait instead
         out.put(a, b, part)
         return
     except Exception as err:
         if not is_oom(err):
             raise
-        if b - a == 1:
-            raise MemoryError(
-                f"site {site}, {_step_name(key[1])}: one {unit} does not fit in "
-                f"{_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB with its "
-                f"temporaries ({_remedy(out.xp)})"
-            ) from err
     # Out of the except clause: the failed attempt's temporaries, which its
     # traceback holds on to, are released before the pool is emptied.
     _free_cached(out.xp, per_row * (b - a))
+    if b - a == 1:
+        _row_in_turn(compute, a, out, key, site, per_row)
+        return
     half = (b - a + 1) // 2
     before = _FITS.get(key)
     _FITS[key] = min(before or half, half)
     if _FITS[key] != before:  # one line each time a kind of step gets smaller
         log.warning("site %d, %s: out of %s on %d %ss (about %.1f MiB); computing it in "
                     "pieces of %d from now on", site, _step_name(key[1]), _memory(out.xp),
-                    b - a, unit, per_row * (b - a) / 2**20, _FITS[key])
+                    b - a, _UNITS.get(key[1], "row"), per_row * (b - a) / 2**20, _FITS[key])
     _in_pieces(compute, a, b, out, key, site, per_row)
+
+
+@contextlib.contextmanager
+def _row(kind: str | None) -> Iterator[None]:
+    """Mark this thread's allocations as those of a row of :func:`halving`."""
+    before = getattr(_THREAD, "row", None)
+    _THREAD.row = kind
+    try:
+        yield
+    finally:
+        _THREAD.row = before
+
+
+#: One row at a time is tried again after it did not fit beside the others.
+_TURN = threading.Lock()
+
+#: How often a task whose row does not fit gives its memory back to run again later.
+RESCHEDULES = 8
+_RESCHEDULED: dict[Any, int] = {}
+
+
+def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
+                 per_row: int) -> None:
+    """Row ``a`` again, after it did not fit: in turn with the other rows that did
+    not, so that the rows' temporaries are not all half allocated at once, each
+    waiting for the others' (a D_M=1000 stack in a 3 GB pool stopped so, four
+    threads each holding part of a row). Its allocations wait while another task
+    works or holds temporaries. A row that still does not fit while other tasks run
+    gives back all that its task holds (its inputs and output so far) and Dask runs
+    the task again later (``distributed.Reschedule``, up to ``RESCHEDULES`` times a
+    task); with no other task running, it does not fit at all: ``MemoryError``
+    naming the site, the step and what a row needs."""
+    with _marked("queued"):
+        _TURN.acquire()
+    try:
+        with _row("turn"):
+            part = compute(a, a + 1)
+        out.put(a, a + 1, part)
+        return
+    except Exception as err:
+        if not is_oom(err):
+            raise
+        task = _worker_task()
+        if task is not None and _others_running():
+            tries = _RESCHEDULED[task] = _RESCHEDULED.get(task, 0) + 1
+            if tries <= RESCHEDULES:
+                from distributed import Reschedule
+
+                log.warning("site %d, %s: one %s does not fit beside the other tasks; the "
+                            "task gives its memory back and runs again later (%d of %d)",
+                            site, _step_name(key[1]), _UNITS.get(key[1], "row"), tries,
+                            RESCHEDULES)
+                raise Reschedule() from None
+        raise MemoryError(
+            f"site {site}, {_step_name(key[1])}: one {_UNITS.get(key[1], 'row')} does not "
+            f"fit in {_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB with its "
+            f"temporaries ({_remedy(out.xp)})") from err
+    finally:
+        _TURN.release()
+
+
+def _worker_task() -> Any:
+    """The key of the task this thread runs on a Dask worker, else None."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().get_current_task()
+    except (ImportError, ValueError, AttributeError):
+        return None
 
 
 #: Seconds an allocation that has no rows to split waits in all for memory to come
@@ -338,7 +445,8 @@ def waiting(compute: Callable[[], Any], *, xp: Any, nbytes: int, site: int, what
                     f"after {WAIT_S:g} s of waiting for other tasks to free some "
                     f"({_remedy(xp)})") from err
         _free_cached(xp, nbytes)  # out of the except clause: the attempt's memory is gone
-        time.sleep(delay)
+        with _marked("queued"):
+            time.sleep(delay)
         delay = min(2 * delay, 0.5)
 
 
