@@ -224,20 +224,20 @@ def test_spilling_for_an_allocation_moves_the_least_recently_used_data_first(wor
     assert all(np.array_equal(buffer[k], blocks[k]) for k in "abcd")  # nothing lost
 
 
-def test_spilling_leaves_the_inputs_of_running_tasks_where_they_are(worker):
-    """A running task holds its inputs: moving them would free nothing and make the
-    next task that wants one copy it back to the device beside the first."""
+def test_spilling_moves_the_inputs_of_running_tasks_last(worker):
+    """A running task holds its inputs: moving one frees its memory only as the task
+    ends, and a task that wants it meanwhile copies it back to the device beside the
+    first. So the other stored data goes first, least recently used first."""
     from types import SimpleNamespace as NS
 
     buffer = worker.data.device_buffer
-    for i, k in enumerate("abc"):
-        buffer[k] = np.full(25, i, dtype=np.float64)  # a used least recently
+    for i, k in enumerate("abcd"):
+        buffer[k] = np.full(25, i, dtype=np.float64)  # 200 B each, a used least recently
     running = NS(dependencies=[NS(key="a"), NS(key="b")])  # TaskStates, as far as read
     worker.state = NS(executing=[running])
-    assert _oom._spill_for(300) is True and list(worker.host) == ["c"]
-    assert sorted(buffer.fast) == ["a", "b"]
-    worker.state.executing.clear()  # the task ended: its inputs may go
-    assert _oom._spill_for(300) is True and sorted(worker.host) == ["a", "b", "c"]
+    assert _oom._spill_for(300) is True and sorted(worker.host) == ["c", "d"]
+    assert _oom._spill_for(100) is True and sorted(worker.host) == ["a", "c", "d"]
+    assert np.array_equal(buffer["a"], np.zeros(25))  # nothing lost
 
 
 def test_spilling_says_no_once_nothing_is_left_to_move(worker):

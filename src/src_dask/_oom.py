@@ -63,9 +63,10 @@ def _spill_device_data(need: int) -> int:
 
     dask-cuda spills stored data only when a new result takes the device buffer
     past its limit, so a task's temporaries can meet a device whose pool is full
-    of data the worker would gladly move. The inputs of running tasks are not
-    moved: the tasks hold them, so that would free nothing and make the next task
-    that wants them bring a second copy to the device. Only what the attempt needs
+    of data the worker would gladly move. The inputs of running tasks go last:
+    the tasks hold them, so moving one frees its memory only as its task ends,
+    and a task that wants it meanwhile brings a second copy to the device. Only
+    what the attempt needs
     is moved: what is spilled comes back over the host link when it is used. A
     value that cannot be moved (serialising an array that is not contiguous needs
     a device copy, which a full pool refuses) stays where it is, and the next is
@@ -75,12 +76,11 @@ def _spill_device_data(need: int) -> int:
     fast = getattr(buffer, "fast", None)
     if fast is None or not getattr(buffer, "n", None):
         return 0
-    moved, in_use = 0, _in_use(worker)
-    for key in list(getattr(fast, "order", ())):  # least recently used first
+    moved, in_use, order = 0, _in_use(worker), list(getattr(fast, "order", ()))
+    # least recently used first, the running tasks' inputs after all others
+    for key in [k for k in order if k not in in_use] + [k for k in order if k in in_use]:
         if moved >= need:
             break
-        if key in in_use:
-            continue
         try:
             with _handles_oom():  # a device copy it needs fails at once: next key
                 evicted = fast.evict(key)
