@@ -129,7 +129,9 @@ class _Keep(logging.Handler):
 class WorkerWarnings(WorkerPlugin):
     """On the worker: its warnings of distributed's event loop ("Event loop was
     unresponsive", distributed's tick) and of src_dask (out-of-memory halving), kept
-    from its registration (:func:`_listen`) by a logging handler this plugin holds."""
+    from its registration (:func:`_listen`) by a logging handler this plugin holds;
+    src_dask's INFO lines (what it spills, a task rescheduled) also go to the worker's
+    stderr, the ladder's log, where they outlast a worker that dies."""
 
     name = "bench-ladder-warnings"
     idempotent = True
@@ -139,10 +141,20 @@ class WorkerWarnings(WorkerPlugin):
         self.handler = _Keep()
         for name in self.LOGGERS:
             logging.getLogger(name).addHandler(self.handler)
+        self.stderr = logging.StreamHandler()  # sys.stderr
+        self.stderr.setFormatter(logging.Formatter("%(asctime)s worker %(name)s "
+                                                   "%(levelname)s %(message)s"))
+        lib = logging.getLogger("src_dask")
+        self.level = lib.level
+        lib.addHandler(self.stderr)
+        lib.setLevel(logging.INFO)
 
     def teardown(self, worker: Any) -> None:
         for name in self.LOGGERS:
             logging.getLogger(name).removeHandler(self.handler)
+        lib = logging.getLogger("src_dask")
+        lib.removeHandler(self.stderr)
+        lib.setLevel(self.level)
 
     def read(self) -> list[str]:
         return list(self.handler.kept)

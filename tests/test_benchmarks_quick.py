@@ -427,3 +427,26 @@ def test_the_ladder_keeps_the_runs_own_plan_lines():
     assert "src: seed 0" in run_log.lines
     assert any(line.startswith("src: SRC plan") for line in run_log.lines), run_log.lines
     assert logger.level == before and run_log not in logger.handlers
+
+
+def test_the_ladders_worker_plugin_prints_src_dasks_info_lines_and_puts_back(capsys):
+    """On the worker the ladder's plugin keeps the warnings and prints src_dask's INFO
+    lines to stderr (the ladder's log, which outlasts a worker that dies); teardown
+    puts the logger back as it was."""
+    import logging
+
+    from bench_memory_ladder import WorkerWarnings
+
+    logger = logging.getLogger("src_dask")
+    level, handlers = logger.level, list(logger.handlers)
+    plugin = WorkerWarnings()
+    plugin.setup(worker=None)
+    try:
+        logger.info("spilled 1 GB of stored data (test)")
+        logger.warning("site 3: computing it in pieces of 2 (test)")
+    finally:
+        plugin.teardown(worker=None)
+    err = capsys.readouterr().err
+    assert "worker src_dask INFO spilled 1 GB" in err and "pieces of 2" in err
+    assert plugin.read() == ["site 3: computing it in pieces of 2 (test)"]
+    assert logger.level == level and logger.handlers == handlers
