@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import MutableMapping
 
 import numpy as np
 import pytest
@@ -601,3 +602,68 @@ def test_a_row_that_never_fits_beside_other_tasks_gives_its_memory_back(monkeypa
     with pytest.raises(MemoryError, match="site 7, pass 2's projection: one row of the "
                                           "projected core does not fit .* 1.0 MiB"):
         _one_row(_never_fits)  # no worker, no other task: at once
+
+
+class DeviceHostFile(MutableMapping):
+    """dask-cuda's ``DeviceHostFile`` as far as membership goes: stores ``others``,
+    ``device_keys`` and ``host_buffer`` (spilled device values too), no
+    ``__contains__``, and a ``__getitem__`` that brings a spilled value back to the
+    device (counted in ``loads``)."""
+
+    def __init__(self):
+        self.others, self.device_keys, self.host_buffer = {}, set(), {}
+        self.device, self.loads = {}, []
+
+    def __getitem__(self, key):
+        if key in self.others:
+            return self.others[key]
+        if key in self.device_keys:
+            if key not in self.device:  # spilled: back to the device
+                self.loads.append(key)
+                self.device[key] = self.host_buffer.pop(key)
+            return self.device[key]
+        if key in self.host_buffer:
+            return self.host_buffer[key]
+        raise KeyError(key)
+
+    def __setitem__(self, key, value):
+        self.device_keys.add(key)
+        self.device[key] = value
+
+    def __delitem__(self, key):
+        self.device_keys.discard(key)
+        self.device.pop(key, None) if key in self.device else self.host_buffer.pop(key)
+
+    def __iter__(self):
+        return iter(self.device_keys | set(self.host_buffer) | set(self.others))
+
+    def __len__(self):
+        return len(set(self))
+
+
+def test_asking_whether_a_worker_holds_a_spilled_key_does_not_load_it():
+    """distributed asks ``key in worker.data`` for every key it releases; dask-cuda's
+    data answered through ``__getitem__``, copying a spilled value back to the device
+    (on the event loop: a 3 GB pool's worker closed there). Answered from the stores
+    since, the same answers, nothing loaded; done once per worker."""
+    from types import SimpleNamespace as NS
+
+    data = DeviceHostFile()
+    data["on_device"] = np.zeros(2)
+    data["spilled"] = np.ones(2)
+    data.host_buffer["spilled"] = data.device.pop("spilled")  # spilled to host
+    data.host_buffer["host_only"], data.others["other"] = 1, 2
+    worker = NS(data=data)
+    assert "spilled" in data and data.loads == ["spilled"]  # dask-cuda's way: loaded
+    data.host_buffer["spilled"] = data.device.pop("spilled")
+    data.loads.clear()
+
+    assert _oom.membership_without_loading(worker) is True
+    for key in ("on_device", "spilled", "host_only", "other"):
+        assert key in data, key
+    assert "absent" not in data and data.loads == []
+    assert isinstance(data, DeviceHostFile) and np.array_equal(data["spilled"], np.ones(2))
+    del data["spilled"]
+    assert "spilled" not in data
+    assert _oom.membership_without_loading(worker) is False  # answers already
+    assert _oom.membership_without_loading(NS(data={})) is False  # not dask-cuda's

@@ -307,6 +307,7 @@ def _facts(device: str, client_pid: int | None = None, dask_worker: Any = None
         device_limit = _device_limit(cuda, dask_worker) or device_memory
         if dask_worker is not None:  # before the run's tasks meet a full pool
             _oom.spill_on_allocation_failure(dask_worker)
+            _oom.membership_without_loading(dask_worker)
     spill_dir = getattr(dask_worker, "local_directory", None)
     disk = _disk(spill_dir) if spill_dir else None
     return {"rss": rss, "host_limit": limit, "keep": keep, "room": room,

@@ -158,6 +158,39 @@ def spill_on_allocation_failure(dask_worker: Any) -> bool:
         return False
 
 
+def membership_without_loading(dask_worker: Any) -> bool:
+    """Have ``key in dask_worker.data`` answered from dask-cuda's stores, without
+    loading the value; whether the worker's data was changed so.
+
+    dask-cuda's ``DeviceHostFile`` defines no ``__contains__``, so Python's mapping
+    answers it through ``__getitem__``: a value spilled to host memory or disk is
+    brought back to the device only to be told present, and a value on the device
+    becomes the most recently used. distributed asks on the worker's event loop for
+    every key it releases, so a run that spills copies what it spilled back to the
+    device on the loop, where a full pool stops the loop or, once no task runs to
+    free memory, closes the worker (a D_M=1000 stack in a 3 GB pool lost its worker
+    so). The data's class is given a subclass whose ``__contains__`` asks the stores
+    ``__getitem__`` reads, in its order; a class that answers it already is left."""
+    data = getattr(dask_worker, "data", None)
+    cls = type(data)
+    if (cls.__name__ != "DeviceHostFile" or "__contains__" in vars(cls)
+            or not all(hasattr(data, a) for a in ("others", "device_keys", "host_buffer"))):
+        return False
+    if cls not in _ANSWERING:
+        _ANSWERING[cls] = type(cls.__name__, (cls,), {"__contains__": _contains,
+                                                       "__module__": cls.__module__})
+    data.__class__ = _ANSWERING[cls]
+    return True
+
+
+#: dask-cuda's data classes, by the subclass that answers membership (see above).
+_ANSWERING: dict[type, type] = {}
+
+
+def _contains(self: Any, key: Any) -> bool:
+    return key in self.others or key in self.device_keys or key in self.host_buffer
+
+
 def _wrap_resource() -> bool:
     try:
         import rmm
