@@ -42,6 +42,7 @@ from problems import generate_inputs, open_inputs, stack_spec, stack_trains, tin
 from timing import task_profile
 
 import src_dask
+from src_dask.diagnostics import memory_events
 
 GB = 10**9
 
@@ -196,6 +197,13 @@ def _loop_warnings(client: Any) -> list[str]:
     return [msg for lines in logs.values() for msg in lines]
 
 
+def _memory_events(client: Any) -> dict[str, float]:
+    """What running out of memory cost the rung's worker: halved steps, bytes spilled
+    for allocations, seconds waited, rows in turn, rescheduled tasks."""
+    (events,) = client.run(memory_events).values()
+    return events
+
+
 def _count_allocations() -> bool:
     """On a worker: count the bytes its arrays take through RMM (a statistics adaptor
     over its pool), so the plan's device peak can be told apart from what the pool
@@ -257,6 +265,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             _listen(client)
         stream = get_task_stream(client=client) if args.tasks else contextlib.nullcontext()
         counted = cap_gb and all(client.run(_count_allocations).values())
+        client.run(memory_events, reset=True)
         with PeakMemory(device) as peak, _WorkerData(client) as held, stream as tasks, \
                 _RunLog() as run_log:
             start = time.perf_counter()
@@ -265,6 +274,8 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             except Exception as err:  # noqa: BLE001 - a rung that fails is a result
                 entry["failed"] = f"{type(err).__name__}: {err}"[:2000]
                 print(f"cap {cap_gb} GB: FAILED {entry['failed'][:400]}", flush=True)
+                with contextlib.suppress(Exception):  # unless the worker is gone
+                    entry["memory_events"] = _memory_events(client)
                 if args.tasks:  # the worker's warnings go to the plugin, not to stderr
                     with contextlib.suppress(Exception):
                         entry["worker_warnings"] = _loop_warnings(client)
@@ -277,6 +288,7 @@ def rung(trains, cap_gb: float, args, device: Device) -> tuple[dict[str, Any], A
             entry["tasks"] = task_profile(tasks.data)
             entry["tasks"]["event_loop_warnings"] = _loop_warnings(client)
             print(json.dumps(entry["tasks"], indent=1), flush=True)
+        entry["memory_events"] = _memory_events(client)
         entry["measured"] = {"peak_device_used": peak.peak.get("device_used"),
                              "device_baseline": idle.baseline.get("device_used"),
                              "peak_host_rss": peak.peak.get("host_rss"),
@@ -326,10 +338,17 @@ def report(record: Record) -> None:
                      (m.get("rmm_allocated_peak") or 0) / GB,
                      (plan.get("peak_host") or 0) / GB, (m.get("peak_host_rss") or 0) / GB,
                      stored.get("host", 0) / GB, stored.get("disk", 0) / GB,
-                     e.get("core_diff_vs_first")])
+                     e.get("core_diff_vs_first"), _events_text(e.get("memory_events"))])
     print_table(["rung", "s", "x first", "GEMM share", "plan dev GB", "meas dev GB",
                  "allocated GB", "plan host GB", "meas host GB", "on host GB", "on disk GB",
-                 "core diff"], rows)
+                 "core diff", "halved/waited s/turns/rescheduled"], rows)
+
+
+def _events_text(events: dict[str, float] | None) -> str:
+    if events is None:
+        return "-"
+    return (f"{events.get('halved', 0):g}/{events.get('waited_s', 0):.1f}/"
+            f"{events.get('turns', 0):g}/{events.get('rescheduled', 0):g}")
 
 
 def fields(args) -> dict[str, Any]:

@@ -450,3 +450,19 @@ def test_the_ladders_worker_plugin_prints_src_dasks_info_lines_and_puts_back(cap
     assert "worker src_dask INFO spilled 1 GB" in err and "pieces of 2" in err
     assert plugin.read() == ["site 3: computing it in pieces of 2 (test)"]
     assert logger.level == level and logger.handlers == handlers
+
+
+def test_the_ladders_table_says_what_running_out_of_memory_cost(capsys):
+    """Each rung's table row carries its worker's memory events (halved steps, seconds
+    waited, rows in turn, rescheduled tasks), "-" where the worker could not say."""
+    from bench_memory_ladder import report
+
+    record = {"runs": {
+        "cap3": {"seconds": 250.0, "memory_events": {"halved": 12, "waited_s": 3.5,
+                                                     "turns": 4, "rescheduled": 1}},
+        "cap2": {"failed": "MemoryError: site 4, ..."}}}
+    report(record)
+    out = capsys.readouterr().out
+    assert "halved/waited s/turns/rescheduled" in out
+    assert "12/3.5/4/1" in out
+    assert out.rstrip().splitlines()[-1].rstrip().endswith("-")

@@ -15,6 +15,7 @@ from helpers import random_mpo, random_mps
 import src_dask
 from src_dask import _kernels as K
 from src_dask import _oom
+from src_dask.diagnostics import memory_events
 
 
 class _Allocator:
@@ -201,6 +202,7 @@ def _no_worker_of_the_process(monkeypatch):
     """No test sees another's registered worker or allocation wait."""
     monkeypatch.setattr(_oom, "_WORKER", None)
     _oom._THREAD.__dict__.clear()
+    _oom.events(reset=True)
     yield
     _oom._THREAD.__dict__.clear()
 
@@ -222,6 +224,7 @@ def test_spilling_for_an_allocation_moves_the_least_recently_used_data_first(wor
     buffer["a"]  # used last: moved last
     assert _oom._spill_for(300) is True  # two blocks of 200 B reach 300
     assert sorted(worker.host) == ["b", "c"]
+    assert memory_events() == {"spilled_bytes": 400}
     assert all(np.array_equal(buffer[k], blocks[k]) for k in "abcd")  # nothing lost
 
 
@@ -544,6 +547,9 @@ def test_rows_that_each_hold_part_of_their_memory_take_turns(monkeypatch):
         assert np.array_equal(out[:, 0], 10 * t + np.arange(4))
     assert _SIM["pool"].free == 3 and not _SIM["met"].broken  # all three met
     assert sum(_oom.time.sleeps) < 3.0  # not WAIT_S (10 s) each of waiting for each other
+    counted = _oom.events()
+    assert counted["turns"] >= 2 and "rescheduled" not in counted  # two rows gave way at least
+    assert counted["waited_s"] == pytest.approx(sum(_oom.time.sleeps))
 
 
 def _refused_twice(a: int, b: int):
@@ -700,7 +706,9 @@ def test_a_run_whose_rows_do_not_fit_beside_other_tasks_reschedules_and_is_uncha
         y = src_dask.apply(a, x, 10, seed=3, client=client)
         _SIM["stop"].set()
         busy.result()
+        (counted,) = client.run(memory_events).values()
     assert refused == ["first", "turn"] * 2
     assert sum(_oom._RESCHEDULED.values()) == 2  # two tasks, or one task twice
+    assert counted["rescheduled"] == 2 and counted["turns"] == 2 and counted["halved"] >= 1
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(np.asarray(c) - c0).max() <= 1e-12 * np.abs(c0).max()

@@ -33,6 +33,28 @@ log = logging.getLogger("src_dask")
 #: (run token, kind of step) -> the most rows a piece of that step has fitted in
 _FITS: dict[tuple[str, str], int] = {}
 
+#: What the out-of-memory handling did in this process (:func:`events`).
+_EVENTS: dict[str, float] = {}
+_EVENTS_LOCK = threading.Lock()
+
+
+def _count(event: str, amount: float = 1) -> None:
+    with _EVENTS_LOCK:
+        _EVENTS[event] = _EVENTS.get(event, 0) + amount
+
+
+def events(reset: bool = False) -> dict[str, float]:
+    """What the out-of-memory handling did in this process so far: ``halved`` (steps
+    cut in two), ``spilled_bytes`` (stored data moved to host memory for an
+    allocation), ``waited_s`` (seconds allocations and copies slept waiting for
+    memory), ``turns`` (rows tried again in turn), ``rescheduled`` (tasks that gave
+    their memory back to run again); ``reset`` starts the counts again."""
+    with _EVENTS_LOCK:
+        out = dict(_EVENTS)
+        if reset:
+            _EVENTS.clear()
+    return out
+
 #: What a row is, by kind of step (for the messages).
 _UNITS = {"pass 1": "sketch column", "sketch": "sketch column",
           "projection": "row of the projected core", "update": "row of the environment"}
@@ -94,6 +116,7 @@ def _spill_device_data(need: int) -> int:
         del evicted  # the device copy goes with the last reference here
         moved += int(weight)
     if moved:
+        _count("spilled_bytes", moved)
         log.info("spilled %.3g GB of stored data from the device to host memory", moved / 1e9)
     return moved
 
@@ -305,6 +328,7 @@ def _wait_for_tasks(nbytes: int) -> bool:
         return False
     with _marked("sleeping"):
         time.sleep(delay)
+    _count("waited_s", delay)
     _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1), nbytes)
     return True
 
@@ -368,6 +392,7 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
     if b - a == 1:
         _row_in_turn(compute, a, out, key, site, per_row)
         return
+    _count("halved")
     half = (b - a + 1) // 2
     before = _FITS.get(key)
     _FITS[key] = min(before or half, half)
@@ -410,6 +435,7 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
     naming the site, the step and what a row needs."""
     with _marked("queued"):
         _TURN.acquire()
+    _count("turns")
     try:
         with _row("turn"):
             part = compute(a, a + 1)
@@ -424,6 +450,7 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
             if tries <= RESCHEDULES:
                 from distributed import Reschedule
 
+                _count("rescheduled")
                 log.warning("site %d, %s: one %s does not fit beside the other tasks; the "
                             "task gives its memory back and runs again later (%d of %d)",
                             site, _step_name(key[1]), _UNITS.get(key[1], "row"), tries,
@@ -480,6 +507,7 @@ def waiting(compute: Callable[[], Any], *, xp: Any, nbytes: int, site: int, what
         _free_cached(xp, nbytes)  # out of the except clause: the attempt's memory is gone
         with _marked("queued"):
             time.sleep(delay)
+        _count("waited_s", delay)
         delay = min(2 * delay, 0.5)
 
 

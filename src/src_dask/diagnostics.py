@@ -10,7 +10,9 @@ reference stacks with it on described machines of one, two and four GPUs
 (benchmarks/README.md).
 
 :func:`log_to` shows the ``src_dask`` logger's messages (docs/monitoring.md) while a
-block runs and leaves the logger as it was (``src-dask run -v``).
+block runs and leaves the logger as it was (``src-dask run -v``). :func:`memory_events`
+counts what running out of memory cost a process (halved steps, spilled bytes, waits,
+rescheduled tasks).
 """
 
 from __future__ import annotations
@@ -56,6 +58,31 @@ def described_plan(*trains: Any, chi_out: int, gpus: int, device_memory: int,
         store_bytes=_runstore.planned_bytes(stack, plan.sketch),
         product=stack.describe(),
         where=f"{gpus} x GPU of {device_memory / 2**30:.0f} GiB")
+
+
+def memory_events(reset: bool = False) -> dict[str, float]:
+    """What running out of memory has cost in this process (a worker's, through
+    ``client.run(memory_events)``): ``halved`` — steps computed in two halves;
+    ``spilled_bytes`` — stored data a dask-cuda worker moved to host memory for an
+    allocation that met a full device; ``waited_s`` — seconds allocations and copies
+    slept waiting for other tasks to free memory; ``turns`` — rows tried again one at
+    a time; ``rescheduled`` — tasks that gave all their memory back to run again
+    later. Kinds that never happened are absent. ``reset`` starts the counts again.
+
+    A run far below what its plan would like completes, slower; these say where the
+    time went (docs/out-of-core.md).
+
+    >>> import src_dask
+    >>> from src_dask.diagnostics import memory_events
+    >>> _ = memory_events(reset=True)
+    >>> mpo, mps = src_dask.problems.random_mpo(6, 2), src_dask.problems.random_mps(6, 3)
+    >>> y = src_dask.apply(mpo, mps, chi_out=4, seed=0)
+    >>> memory_events()
+    {}
+    """
+    from . import _oom
+
+    return _oom.events(reset)
 
 
 @contextlib.contextmanager
