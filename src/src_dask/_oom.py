@@ -12,8 +12,11 @@ from the device to host memory — and is computed again in two halves,
 recursively down to one row; the halves are written into one output, so the
 result is unchanged. The size that worked is remembered in the worker
 process for each kind of step of the run, so later tasks start from it
-instead of failing again. Only one row that does not fit is an error, which
-names the site, the step and the memory one row needs.
+instead of failing again. A row that does not fit beside other tasks' is tried
+again in turn, one row of the worker at a time, and failing that its task gives
+its memory back to run again later (:func:`_row_in_turn`). Only one row that
+does not fit with no other task running is an error, which names the site, the
+step and the memory one row needs. :func:`events` counts what all this cost.
 """
 
 from __future__ import annotations
@@ -88,11 +91,10 @@ def _spill_device_data(need: int) -> int:
     of data the worker would gladly move. The inputs of running tasks go last:
     the tasks hold them, so moving one frees its memory only as its task ends,
     and a task that wants it meanwhile brings a second copy to the device. Only
-    what the attempt needs
-    is moved: what is spilled comes back over the host link when it is used. A
-    value that cannot be moved (serialising an array that is not contiguous needs
-    a device copy, which a full pool refuses) stays where it is, and the next is
-    tried. zict's buffers are thread-safe (zict >= 3)."""
+    what the attempt needs is moved: what is spilled comes back over the host link
+    when it is used. A value that cannot be moved (serialising an array that is not
+    contiguous needs a device copy, which a full pool refuses) stays where it is,
+    and the next is tried. zict's buffers are thread-safe (zict >= 3)."""
     worker = _worker()
     buffer = getattr(getattr(worker, "data", None), "device_buffer", None)
     fast = getattr(buffer, "fast", None)
