@@ -47,11 +47,8 @@ def _count(event: str, amount: float = 1) -> None:
 
 
 def events(reset: bool = False) -> dict[str, float]:
-    """What the out-of-memory handling did in this process so far: ``halved`` (steps
-    cut in two), ``spilled_bytes`` (stored data moved to host memory for an
-    allocation), ``waited_s`` (seconds allocations and copies slept waiting for
-    memory), ``turns`` (rows tried again in turn), ``rescheduled`` (tasks that gave
-    their memory back to run again); ``reset`` starts the counts again."""
+    """What the out-of-memory handling did in this process so far, by kind (see
+    :func:`src_dask.diagnostics.memory_events`); ``reset`` starts the counts again."""
     with _EVENTS_LOCK:
         out = dict(_EVENTS)
         if reset:
@@ -284,6 +281,13 @@ def _marked(state: str) -> Iterator[None]:
         _WAITING.pop(me, None)
 
 
+def _sleep(seconds: float, state: str) -> None:
+    """Sleep waiting for memory, marked ``state`` for the other threads, and counted."""
+    with _marked(state):
+        time.sleep(seconds)
+    _count("waited_s", seconds)
+
+
 def _others_running(row: str | None = None) -> bool:
     """Whether a task runs on this worker in another thread that may free memory for
     this one (a finished task's inputs and result go only as the worker's event loop
@@ -328,9 +332,7 @@ def _wait_for_tasks(nbytes: int) -> bool:
     if now - start >= WAIT_S:
         _THREAD.wait = None
         return False
-    with _marked("sleeping"):
-        time.sleep(delay)
-    _count("waited_s", delay)
+    _sleep(delay, "sleeping")
     _THREAD.wait = (start, time.monotonic(), min(2 * delay, 0.1), nbytes)
     return True
 
@@ -507,9 +509,7 @@ def waiting(compute: Callable[[], Any], *, xp: Any, nbytes: int, site: int, what
                     f"after {WAIT_S:g} s of waiting for other tasks to free some "
                     f"({_remedy(xp)})") from err
         _free_cached(xp, nbytes)  # out of the except clause: the attempt's memory is gone
-        with _marked("queued"):
-            time.sleep(delay)
-        _count("waited_s", delay)
+        _sleep(delay, "queued")
         delay = min(2 * delay, 0.5)
 
 
