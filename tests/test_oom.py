@@ -712,3 +712,59 @@ def test_a_run_whose_rows_do_not_fit_beside_other_tasks_reschedules_and_is_uncha
     assert counted["rescheduled"] == 2 and counted["turns"] == 2 and counted["halved"] >= 1
     for c, c0 in zip(y, ref, strict=True):
         assert np.abs(np.asarray(c) - c0).max() <= 1e-12 * np.abs(c0).max()
+
+
+class _Unit:
+    """One unit of a simulated pool, given back when the object goes (as a device
+    array's memory goes with its last reference)."""
+
+    pool = None
+
+    def __init__(self, pool: _Pool):
+        pool.alloc()
+        self.pool = pool
+
+    def __del__(self):
+        if self.pool is not None:
+            self.pool.release(1)
+
+
+def _holding_a_unit_then_a_row():
+    """A task that holds one unit (its inputs on the device) while its row is
+    refused on its first try and in its turn (while another task works), then runs."""
+    held = _Unit(_SIM["pool"])  # noqa: F841 (held by this frame, as a task's inputs are)
+    return _one_row(_refused_twice)
+
+
+@pytest.mark.timeout(60)
+def test_a_rescheduled_tasks_memory_comes_back_though_distributed_keeps_it_in_a_cycle(
+        monkeypatch):
+    """distributed keeps a task's exception in a frame of the exception's own
+    traceback, a reference cycle: the frames of a task that gave its memory back
+    (``Reschedule``) keep holding it until Python's cyclic garbage collector runs,
+    which counts objects, not device bytes (a D_M=1000 stack in a 3 GB pool failed
+    so: no task ran and its pool was full). The next allocation that finds the pool
+    full collects them: the task's second run gets the memory its first held,
+    instead of waiting for it while another task works and failing."""
+    import gc
+
+    import distributed
+
+    monkeypatch.setattr(_oom, "WAIT_S", 1.0)
+    monkeypatch.setattr(_oom, "_RESCHEDULED", {})
+    _SIM.update(pool=_Pool(1), refused=[], working=threading.Event(), stop=threading.Event(),
+                work_s=60.0)
+    gc.disable()  # as when the collector has not run yet: it runs by count of objects
+    try:
+        with distributed.Client(processes=False, n_workers=1, threads_per_worker=2,
+                                dashboard_address=":0") as client:
+            busy = client.submit(_works_a_while, pure=False)  # another task, all along
+            assert _SIM["working"].wait(10)
+            out = client.submit(_holding_a_unit_then_a_row, pure=False).result()
+            _SIM["stop"].set()
+            busy.result()
+    finally:
+        gc.enable()
+    assert np.array_equal(out, np.ones((1, 2))) and _SIM["refused"] == [1, 1]
+    assert list(_oom._RESCHEDULED.values()) == [1]  # given back once, then run
+    assert _SIM["pool"].free == 1

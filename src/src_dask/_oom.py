@@ -22,6 +22,7 @@ step and the memory one row needs. :func:`events` counts what all this cost.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -68,9 +69,10 @@ def is_oom(err: BaseException) -> bool:
 
 
 def _free_cached(xp: Any, need: int) -> None:
-    """Give memory back before a smaller attempt: the pools' cached blocks and, on a
-    GPU, ``need`` bytes of stored data spilled to host memory
-    (:func:`_spill_device_data`)."""
+    """Give memory back before a smaller attempt: what tasks that gave theirs back
+    still hold (:func:`_collect_garbage`), the pools' cached blocks and, on a GPU,
+    ``need`` bytes of stored data spilled to host memory (:func:`_spill_device_data`)."""
+    _collect_garbage()
     if xp.__name__ == "cupy":
         xp.get_default_memory_pool().free_all_blocks()
         xp.get_default_pinned_memory_pool().free_all_blocks()
@@ -239,10 +241,12 @@ _COUNTING = ("TrackingResourceAdaptor", "StatisticsResourceAdaptor")
 
 
 def _spill_for(nbytes: int) -> bool:
-    """RMM's failure callback: spill ``nbytes`` of stored data, or else wait for the
-    running tasks to free some (:func:`_wait_for_tasks`); whether to try again."""
+    """RMM's failure callback: free what tasks that gave their memory back still hold
+    (:func:`_collect_garbage`), or spill ``nbytes`` of stored data, or else wait for
+    the running tasks to free some (:func:`_wait_for_tasks`); whether to try again."""
     try:
-        return _spill_device_data(nbytes) > 0 or _wait_for_tasks(nbytes)
+        return (_collect_garbage() or _spill_device_data(nbytes) > 0
+                or _wait_for_tasks(nbytes))
     except Exception:  # an exception must not cross into RMM's C++: the error raises
         log.exception("spilling stored data for an allocation of %d bytes failed", nbytes)
         return False
@@ -443,29 +447,60 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
     try:
         with _row("turn"):
             part = compute(a, a + 1)
-        out.put(a, a + 1, part)
-        return
     except Exception as err:
         if not is_oom(err):
             raise
         task = _worker_task()
+        tries = RESCHEDULES + 1
         if task is not None and _others_running():
             tries = _RESCHEDULED[task] = _RESCHEDULED.get(task, 0) + 1
-            if tries <= RESCHEDULES:
-                from distributed import Reschedule
-
-                _count("rescheduled")
-                log.warning("site %d, %s: one %s does not fit beside the other tasks; the "
-                            "task gives its memory back and runs again later (%d of %d)",
-                            site, _step_name(key[1]), _UNITS.get(key[1], "row"), tries,
-                            RESCHEDULES)
-                raise Reschedule() from None
-        raise MemoryError(
-            f"site {site}, {_step_name(key[1])}: one {_UNITS.get(key[1], 'row')} does not "
-            f"fit in {_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB with its "
-            f"temporaries ({_remedy(out.xp)})") from err
+        if tries > RESCHEDULES:
+            raise MemoryError(
+                f"site {site}, {_step_name(key[1])}: one {_UNITS.get(key[1], 'row')} does "
+                f"not fit in {_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB "
+                f"with its temporaries ({_remedy(out.xp)})") from err
+    else:
+        out.put(a, a + 1, part)
+        return
     finally:
         _TURN.release()
+    # Out of the except clause, so that the out-of-memory error (and the row's
+    # temporaries its traceback holds) does not go along as the context.
+    from distributed import Reschedule
+
+    _count("rescheduled")
+    log.warning("site %d, %s: one %s does not fit beside the other tasks; the task gives "
+                "its memory back and runs again later (%d of %d)", site, _step_name(key[1]),
+                _UNITS.get(key[1], "row"), tries, RESCHEDULES)
+    out.array = None
+    _GIVEN_BACK.add(out)
+    raise Reschedule()
+
+
+#: The outputs of tasks that gave their memory back (``Reschedule``), while their
+#: frames live. distributed keeps a task's exception in a frame of the exception's
+#: own traceback, a reference cycle, so those frames keep holding the task's inputs
+#: until Python's cyclic garbage collector runs, which it does by count of objects,
+#: not of device bytes (a D_M=1000 stack in a 3 GB pool failed so, its pool full
+#: with no task running). :func:`_collect_garbage` frees them when memory is short.
+_GIVEN_BACK: weakref.WeakSet[Any] = weakref.WeakSet()
+_COLLECTED = [0.0]  # when it last collected
+
+
+def _collect_garbage() -> bool:
+    """Whether collecting Python's reference cycles freed the frames of a task that
+    gave its memory back (:data:`_GIVEN_BACK`). It collects only while one has, and
+    at most every 0.2 s: until distributed has taken the task's exception, its
+    cycle is not garbage yet."""
+    before, now = len(_GIVEN_BACK), time.monotonic()
+    if not before or now - _COLLECTED[0] < 0.2:
+        return False
+    _COLLECTED[0] = now
+    gc.collect()
+    freed = before - len(_GIVEN_BACK)
+    if freed:
+        log.info("freed what %d task(s) that gave their memory back still held", freed)
+    return freed > 0
 
 
 def _worker_task() -> Any:
