@@ -244,11 +244,29 @@ def test_spilling_moves_the_inputs_of_running_tasks_last(worker):
     assert np.array_equal(buffer["a"], np.zeros(25))  # nothing lost
 
 
-def test_spilling_says_no_once_nothing_is_left_to_move(worker):
-    assert _oom._spill_for(100) is False  # RMM then raises its MemoryError
+def test_spilling_says_no_once_nothing_is_left_to_move(worker, monkeypatch, caplog):
+    """Once nothing is left to move, RMM raises; the log says what holds the device
+    (for an allocation that is not cut smaller by its step: that one fails quietly)."""
     worker.data.device_buffer["x"] = np.zeros(4)
     assert _oom._spill_for(10**9) is True  # what there was is moved
-    assert _oom._spill_for(10**9) is False
+    worker.data.device_buffer.n = 2**30
+    worker.data.device_buffer["y"] = np.zeros(2**27, dtype=np.int8)
+    worker.state = type("State", (), {"executing": [type("Task", (), {
+        "dependencies": [type("Dep", (), {"key": "y"})]})]})
+
+    def refusing(key=None):
+        raise TypeError("Could not serialize (simulated)")
+
+    monkeypatch.setattr(worker.data.device_buffer.fast, "evict", refusing)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="src_dask"):
+        with _oom._handles_oom():
+            assert _oom._spill_for(10**9) is False
+        assert caplog.text == ""
+        assert _oom._spill_for(3 * 2**20) is False  # RMM then raises its MemoryError
+    assert ("an allocation of 3.0 MiB fails on the device: 0.12 GiB of stored data on it "
+            "(1 values, 0.12 GiB of them inputs of running tasks); 0 tasks running"
+            in caplog.text)
 
 
 def test_a_value_that_cannot_be_spilled_stays_and_the_next_one_goes(worker, monkeypatch,

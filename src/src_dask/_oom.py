@@ -245,11 +245,33 @@ def _spill_for(nbytes: int) -> bool:
     (:func:`_collect_garbage`), or spill ``nbytes`` of stored data, or else wait for
     the running tasks to free some (:func:`_wait_for_tasks`); whether to try again."""
     try:
-        return (_collect_garbage() or _spill_device_data(nbytes) > 0
-                or _wait_for_tasks(nbytes))
+        if (_collect_garbage() or _spill_device_data(nbytes) > 0
+                or _wait_for_tasks(nbytes)):
+            return True
+        if not getattr(_THREAD, "splits", 0):  # the error goes on: say what holds memory
+            log.warning("an allocation of %.1f MiB fails on the device: %s",
+                        nbytes / 2**20, _holders())
+        return False
     except Exception:  # an exception must not cross into RMM's C++: the error raises
         log.exception("spilling stored data for an allocation of %d bytes failed", nbytes)
         return False
+
+
+def _holders() -> str:
+    """What holds device memory on this worker now, in words: the stored data on the
+    device, the running tasks' inputs among it, and the tasks' threads."""
+    worker = _worker()
+    fast = getattr(getattr(getattr(worker, "data", None), "device_buffer", None), "fast", None)
+    weights = dict(getattr(fast, "weights", None) or {})
+    in_use = _in_use(worker)
+    held = sum(w for k, w in weights.items() if k in in_use)
+    waits = list(_WAITING.values())
+    return (f"{sum(weights.values()) / 2**30:.2f} GiB of stored data on it ({len(weights)} "
+            f"values, {held / 2**30:.2f} GiB of them inputs of running tasks); "
+            f"{len(getattr(worker, 'active_threads', None) or {})} tasks running, "
+            f"{waits.count('sleeping')} of them waiting holding temporaries, "
+            f"{waits.count('queued')} queued; {len(_GIVEN_BACK)} given back and not yet "
+            f"collected")
 
 
 #: Per thread: how deep it is in steps that handle their own out-of-memory errors
