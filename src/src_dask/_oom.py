@@ -246,7 +246,7 @@ def _spill_for(nbytes: int) -> bool:
     the running tasks to free some (:func:`_wait_for_tasks`); whether to try again."""
     try:
         if (_collect_garbage() or _spill_device_data(nbytes) > 0
-                or _wait_for_tasks(nbytes)):
+                or _wait_for_tasks(nbytes) or _collect_garbage(at_once=True)):
             return True
         if not getattr(_THREAD, "splits", 0):  # the error goes on: say what holds memory
             log.warning("an allocation of %.1f MiB fails on the device: %s",
@@ -509,17 +509,18 @@ _GIVEN_BACK: weakref.WeakSet[Any] = weakref.WeakSet()
 _COLLECTED = [0.0]  # when it last collected
 
 
-def _collect_garbage() -> bool:
+def _collect_garbage(at_once: bool = False) -> bool:
     """Whether collecting Python's reference cycles freed the frames of a task that
     gave its memory back (:data:`_GIVEN_BACK`). It collects only while one has, and
-    at most every 0.2 s: until distributed has taken the task's exception, its
-    cycle is not garbage yet."""
-    before, now = len(_GIVEN_BACK), time.monotonic()
-    if not before or now - _COLLECTED[0] < 0.2:
+    (but ``at_once``, before an allocation fails for good) at most every 0.2 s:
+    until distributed has taken the task's exception, its cycle is not garbage yet."""
+    now = time.monotonic()
+    if not _GIVEN_BACK or (not at_once and now - _COLLECTED[0] < 0.2):
         return False
     _COLLECTED[0] = now
+    pending = set(map(id, _GIVEN_BACK))
     gc.collect()
-    freed = before - len(_GIVEN_BACK)
+    freed = len(pending - set(map(id, _GIVEN_BACK)))
     if freed:
         log.info("freed what %d task(s) that gave their memory back still held", freed)
     return freed > 0
