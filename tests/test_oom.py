@@ -786,3 +786,26 @@ def test_a_rescheduled_tasks_memory_comes_back_though_distributed_keeps_it_in_a_
     assert np.array_equal(out, np.ones((1, 2))) and _SIM["refused"] == [1, 1]
     assert list(_oom._RESCHEDULED.values()) == [1]  # given back once, then run
     assert _SIM["pool"].free == 1
+
+
+def test_an_output_that_does_not_fit_in_a_rows_turn_names_the_site():
+    """The first row of a step cut into rows allocates the step's whole output; when
+    that does not fit even in the row's turn it is the error that names the site (or,
+    beside other tasks, a reschedule), not a bare out-of-memory error (a D_M=1000
+    stack in a 4 GB pool failed so: 488 MiB refused in a turn)."""
+    import types
+
+    def empty(shape, dtype):
+        raise MemoryError("out of memory (simulated, the output)")
+
+    xp = types.SimpleNamespace(__name__="numpy", empty=empty)
+
+    def rows_only(a, b):
+        if b - a > 1:
+            raise MemoryError("out of memory (simulated)")
+        return np.ones((1, 3))
+
+    with pytest.raises(MemoryError, match="site 5, pass 2's update: one row of the "
+                                          "environment does not fit"):
+        _oom.halving(rows_only, 4, xp=xp, run="output", step="update", site=5,
+                     bytes_per_row=8)

@@ -469,6 +469,8 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
     try:
         with _row("turn"):
             part = compute(a, a + 1)
+        out.put(a, a + 1, part)  # the first row allocates the whole output
+        return
     except Exception as err:
         if not is_oom(err):
             raise
@@ -481,9 +483,6 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
                 f"site {site}, {_step_name(key[1])}: one {_UNITS.get(key[1], 'row')} does "
                 f"not fit in {_memory(out.xp)}; it needs about {per_row / 2**20:.1f} MiB "
                 f"with its temporaries ({_remedy(out.xp)})") from err
-    else:
-        out.put(a, a + 1, part)
-        return
     finally:
         _TURN.release()
     # Out of the except clause, so that the out-of-memory error (and the row's
