@@ -809,3 +809,78 @@ def test_an_output_that_does_not_fit_in_a_rows_turn_names_the_site():
                                           "environment does not fit"):
         _oom.halving(rows_only, 4, xp=xp, run="output", step="update", site=5,
                      bytes_per_row=8)
+
+
+def test_a_projection_cut_into_rows_lays_its_cores_out_once(monkeypatch):
+    """Cut into pieces of rows, a projection lays its cores out for the rows once
+    for all its pieces (each would copy a core again), and its result is the uncut
+    one's; uncut, it reads the cores as they come."""
+    from src_dask._graph import tasks
+
+    rng = np.random.default_rng(4)
+    shapes = [(3, 3, 2, 2), (40, 40, 2, 2), (2, 2, 2, 2)]
+    cores = [rng.standard_normal(s) + 1j * rng.standard_normal(s) for s in shapes]
+    env = rng.standard_normal((6, 3, 40, 2)) + 1j * rng.standard_normal((6, 3, 40, 2))
+    ref = K.project_core(cores, env)
+    laid, layout, project_core = [], K.laid_out_for_rows, K.project_core
+    monkeypatch.setattr(K, "laid_out_for_rows", lambda c, e: laid.append(1) or layout(c, e))
+    assert np.array_equal(tasks.project(cores, env, rows=None, site=3, run="uncut"), ref)
+    assert laid == []
+
+    def rows_only(cs, e):
+        if e is not None and e.shape[0] > 1:
+            raise MemoryError("out of memory (simulated)")
+        return project_core(cs, e)
+
+    monkeypatch.setattr(K, "project_core", rows_only)
+    z = tasks.project(cores, env, rows=None, site=3, run="cut")
+    assert laid == [1] and np.abs(z - ref).max() <= 1e-13 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("step", ["pass 1", "sketch", "projection", "update"])
+def test_the_pieces_of_a_cut_step_make_their_complex_products_natively(monkeypatch, step):
+    """With complex products made as three real ones, a step cut into rows makes its
+    pieces' products natively (three real products would split the operand that does
+    not shrink with the rows into planes again for every piece); uncut, the step's
+    products stay three real ones; the cut step's result is the uncut one's."""
+    import dask
+
+    from src_dask._graph import tasks
+
+    ways, product_way = [], K.product_way
+    monkeypatch.setattr(K, "product_way", lambda *a, **k: ways.append(product_way(*a, **k))
+                        or ways[-1])
+    monkeypatch.setattr(K, "THREE_REAL_MIN", 2)
+    rng = np.random.default_rng(5)
+
+    def rand(*shape):
+        return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+    rows, cores = 6, [rand(5, 5, 2, 2)]
+    env, eta = rand(rows, 5), rand(rows, 5, 2, 2)
+    z = K.project_core(cores, env[:5])
+    run = {"pass 1": lambda: tasks.pass1_block(env, cores, site=1, start=0, stop=rows,
+                                               run="p1", store=None, block=0, last=False,
+                                               seed_key=1, legs=(2, 2)),
+           "sketch": lambda: tasks.sketch_piece(env, z, site=1, start=0, stop=rows,
+                                                run="sk", store=None),
+           "projection": lambda: tasks.project(cores, env, rows=None, site=1, run="pr"),
+           "update": lambda: tasks.update(eta, [z], site=1, run="up")}[step]
+    attempt = _oom._attempt
+
+    def wholes_refused(compute, a, b, out, key, site, per_row):
+        def pieces_only(lo, hi):
+            if hi - lo == rows:
+                raise MemoryError("out of memory (simulated)")
+            return compute(lo, hi)
+        return attempt(pieces_only, a, b, out, key, site, per_row)
+
+    with dask.config.set({"src_dask.complex-products": "3m"}):
+        ref = run()
+        assert "three" in ways
+        ways.clear()
+        monkeypatch.setattr(_oom, "_attempt", wholes_refused)
+        monkeypatch.setattr(_oom, "_FITS", {})
+        cut = run()
+    assert ways and "three" not in ways
+    assert np.abs(cut - ref).max() <= 1e-13 * np.abs(ref).max()

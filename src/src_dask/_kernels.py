@@ -17,7 +17,9 @@ from real products where that is faster (config ``complex-products``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from math import prod
 from typing import Any
@@ -102,6 +104,26 @@ def three_real(dtype: Any, device: str) -> bool:
     return way == "3m" or (way == "auto" and device == "gpu")
 
 
+#: Per thread: whether products are made for a piece of a step cut into rows
+#: (:func:`in_pieces`).
+_PIECES = threading.local()
+
+
+@contextlib.contextmanager
+def in_pieces() -> Iterator[None]:
+    """Products in this block belong to a piece of a step that ran out of memory and
+    was cut into rows (``_oom.halving``): wide complex ones are made natively, not as
+    three real ones. Three real products split both operands into planes, and one of
+    them (a core, a projected core) does not shrink with the rows: every piece would
+    split it again, holding memory the piece's count leaves out."""
+    before = getattr(_PIECES, "on", False)
+    _PIECES.on = True
+    try:
+        yield
+    finally:
+        _PIECES.on = before
+
+
 def interleaved(dtype: Any) -> bool:
     """Whether thin complex products of ``dtype`` are made as one real product of
     interleaved parts (:func:`_interleaved_product`): complex ones unless config
@@ -124,7 +146,8 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
     ``"cublas"`` (on a GPU, one product with a short side: ``k`` at least
     :data:`THREE_REAL_MIN`, the lesser of ``m`` and ``n`` from 256 to
     :data:`CUBLAS_3M_SIDE`, by ``cublasZgemm3m``) or ``"three"`` (wide: all three at
-    least :data:`THREE_REAL_MIN`, src_dask's planes); else ``"native"``."""
+    least :data:`THREE_REAL_MIN`, src_dask's planes, but not :func:`in_pieces`); else
+    ``"native"``."""
     if np.dtype(a_dtype) != np.dtype(b_dtype):
         return "native"
     m, k, n = dims
@@ -135,6 +158,8 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
     if (device == "gpu" and not batched and k >= THREE_REAL_MIN
             and 256 <= min(m, n) <= CUBLAS_3M_SIDE and _cublas.available()):
         return "cublas"
+    if getattr(_PIECES, "on", False):  # see in_pieces
+        return "native"
     return "three" if min(dims) >= THREE_REAL_MIN else "native"
 
 
@@ -923,6 +948,36 @@ def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None
     eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
     # contiguous once here, not copied by the sketch's and the update's reshapes each
     return xp.ascontiguousarray(contract(eq, *cores, env))
+
+
+def laid_out_for_rows(cores: list[Any], env: Any) -> list[Any]:
+    """``cores`` as :func:`project_core` of a row of ``env`` reads them: each core that
+    a step of the contraction reads transposed copied once into that order (the same
+    tensor, its memory in the step's order), so that the step needs no copy of it.
+
+    A core does not grow with the rows: the contraction of any number of rows copies
+    it whole where its step reads it transposed (a D_M=1000 core of physical
+    dimension 4 is 244 MiB, five times a row's memory). A projection cut into
+    pieces of rows (``_oom.halving``) would copy it again for every piece; laid out
+    once, every piece reads it in place."""
+    k = len(cores)
+    a, b, x = _symbols(k)
+    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+    row = (1,) + tuple(env.shape[1:])
+    steps, _ = _plan(eq, tuple(tuple(c.shape) for c in cores) + (row,))
+    out, origin = list(cores), list(range(k + 1))
+    for pos, how, spec in steps:
+        picked = [origin[p] for p in pos]
+        origin = [o for i, o in enumerate(origin) if i not in pos] + [None]
+        if how != "matmul":
+            continue
+        for index, summed, perm in zip(picked, spec[:2], spec[2:4], strict=True):
+            if index is None or index == k or summed or list(perm) == sorted(perm):
+                continue  # an intermediate, the rows, or read as it is
+            xp = xp_of(out[index])
+            order = xp.ascontiguousarray(out[index].transpose(perm))
+            out[index] = order.transpose(tuple(int(i) for i in np.argsort(perm)))
+    return out
 
 
 def block_rows(rows: int, block: int, blocks: int, groups: int = 1) -> tuple[int, int]:
