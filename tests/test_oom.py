@@ -811,12 +811,19 @@ def test_an_output_that_does_not_fit_in_a_rows_turn_names_the_site():
                      bytes_per_row=8)
 
 
-def test_a_projection_cut_into_rows_lays_its_cores_out_once(monkeypatch):
+@pytest.mark.parametrize("apply_small", [False, True])
+def test_a_projection_cut_into_rows_lays_its_cores_out_once(monkeypatch, apply_small):
     """Cut into pieces of rows, a projection lays its cores out for the rows once
     for all its pieces (each would copy a core again), and its result is the uncut
-    one's; uncut, it reads the cores as they come."""
+    one's; uncut, it reads the cores as they come. ``apply_small``: the GPU's kernel
+    for small cores applied to a large tensor reads them laid out (its CPU stand-in)."""
     from src_dask._graph import tasks
 
+    monkeypatch.setattr(K, "_APPLY_ON_CPU", apply_small)
+    monkeypatch.setattr(K, "APPLY_LARGE_MIN", 1 << 8)
+    monkeypatch.setattr(_oom, "_FITS", {})
+    applied, apply = [], K._apply_small
+    monkeypatch.setattr(K, "_apply_small", lambda *a, **k: applied.append(1) or apply(*a, **k))
     rng = np.random.default_rng(4)
     shapes = [(3, 3, 2, 2), (40, 40, 2, 2), (2, 2, 2, 2)]
     cores = [rng.standard_normal(s) + 1j * rng.standard_normal(s) for s in shapes]
@@ -835,6 +842,7 @@ def test_a_projection_cut_into_rows_lays_its_cores_out_once(monkeypatch):
     monkeypatch.setattr(K, "project_core", rows_only)
     z = tasks.project(cores, env, rows=None, site=3, run="cut")
     assert laid == [1] and np.abs(z - ref).max() <= 1e-13 * np.abs(ref).max()
+    assert bool(applied) == apply_small
 
 
 @pytest.mark.parametrize("step", ["pass 1", "sketch", "projection", "update"])
