@@ -17,9 +17,7 @@ from real products where that is faster (config ``complex-products``).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import lru_cache
 from math import prod
 from typing import Any
@@ -27,7 +25,7 @@ from typing import Any
 import numpy as np
 import opt_einsum as oe
 
-from . import _cublas, config
+from . import _cublas, _oom, config
 from ._layout import pad
 from ._layout import unpad as unpad
 from ._transfer import is_cupy, to_device, wait_for
@@ -104,26 +102,6 @@ def three_real(dtype: Any, device: str) -> bool:
     return way == "3m" or (way == "auto" and device == "gpu")
 
 
-#: Per thread: whether products are made for a piece of a step cut into rows
-#: (:func:`in_pieces`).
-_PIECES = threading.local()
-
-
-@contextlib.contextmanager
-def in_pieces() -> Iterator[None]:
-    """Products in this block belong to a piece of a step that ran out of memory and
-    was cut into rows (``_oom.halving``): wide complex ones are made natively, not as
-    three real ones. Three real products split both operands into planes, and one of
-    them (a core, a projected core) does not shrink with the rows: every piece would
-    split it again, holding memory the piece's count leaves out."""
-    before = getattr(_PIECES, "on", False)
-    _PIECES.on = True
-    try:
-        yield
-    finally:
-        _PIECES.on = before
-
-
 def interleaved(dtype: Any) -> bool:
     """Whether thin complex products of ``dtype`` are made as one real product of
     interleaved parts (:func:`_interleaved_product`): complex ones unless config
@@ -146,8 +124,8 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
     ``"cublas"`` (on a GPU, one product with a short side: ``k`` at least
     :data:`THREE_REAL_MIN`, the lesser of ``m`` and ``n`` from 256 to
     :data:`CUBLAS_3M_SIDE`, by ``cublasZgemm3m``) or ``"three"`` (wide: all three at
-    least :data:`THREE_REAL_MIN`, src_dask's planes, but not :func:`in_pieces`); else
-    ``"native"``."""
+    least :data:`THREE_REAL_MIN`, src_dask's planes, but not in a piece of a step cut
+    to fit memory: ``_oom.in_piece``); else ``"native"``."""
     if np.dtype(a_dtype) != np.dtype(b_dtype):
         return "native"
     m, k, n = dims
@@ -158,7 +136,7 @@ def product_way(a_dtype: Any, b_dtype: Any, dims: tuple[int, int, int], device: 
     if (device == "gpu" and not batched and k >= THREE_REAL_MIN
             and 256 <= min(m, n) <= CUBLAS_3M_SIDE and _cublas.available()):
         return "cublas"
-    if getattr(_PIECES, "on", False):  # see in_pieces
+    if _oom.in_piece():
         return "native"
     return "three" if min(dims) >= THREE_REAL_MIN else "native"
 

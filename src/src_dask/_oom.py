@@ -409,7 +409,8 @@ def _in_pieces(compute, a: int, b: int, out: _Output, key: tuple[str, str], site
 def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: int,
              per_row: int) -> None:
     try:
-        with _handles_oom(b - a > 1), _row("first" if b - a == 1 else None):
+        with _handles_oom(b - a > 1), _marking("first" if b - a == 1 else None,
+                                                b - a < out.rows):
             part = compute(a, b)  # one row left: its allocations wait instead
         out.put(a, b, part)
         return
@@ -434,14 +435,25 @@ def _attempt(compute, a: int, b: int, out: _Output, key: tuple[str, str], site: 
 
 
 @contextlib.contextmanager
-def _row(kind: str | None) -> Iterator[None]:
-    """Mark this thread's allocations as those of a row of :func:`halving`."""
-    before = getattr(_THREAD, "row", None)
-    _THREAD.row = kind
+def _marking(row: str | None, piece: bool) -> Iterator[None]:
+    """Mark this thread's work as a row of :func:`halving` (``row``: its first try or
+    its turn, for :func:`_others_running`) and as a piece of a step cut smaller
+    (:func:`in_piece`)."""
+    before = getattr(_THREAD, "row", None), getattr(_THREAD, "piece", False)
+    _THREAD.row, _THREAD.piece = row, piece
     try:
         yield
     finally:
-        _THREAD.row = before
+        _THREAD.row, _THREAD.piece = before
+
+
+def in_piece() -> bool:
+    """Whether this thread computes a piece of a step that :func:`halving` cut smaller
+    than it is. Its complex products are then made natively, not as three real ones
+    (``_kernels.product_way``): those split both operands into planes, and one of them
+    (a core, a projected core) does not shrink with the rows, so every piece would
+    split it again, holding memory the piece's count leaves out."""
+    return getattr(_THREAD, "piece", False)
 
 
 #: One row at a time is tried again after it did not fit beside the others.
@@ -467,7 +479,7 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
         _TURN.acquire()
     _count("turns")
     try:
-        with _row("turn"):
+        with _marking("turn", out.rows > 1):
             part = compute(a, a + 1)
         out.put(a, a + 1, part)  # the first row allocates the whole output
         return

@@ -195,9 +195,8 @@ def pass1_block(env: Any, cores: list[Any], after: Any = None, *, site: int, sta
         part = None if env is None else env[a:b]
         return K.sketch_step(part, cores, omega=omega[a:b], site=site)
 
-    out = _oom.halving(_pieces(compute, stop - start), stop - start, xp=K.xp_of(cores[0]),
-                       run=run, step="pass 1", site=site,
-                       bytes_per_row=K.sketch_step_bytes(cores))
+    out = _oom.halving(compute, stop - start, xp=K.xp_of(cores[0]), run=run, step="pass 1",
+                       site=site, bytes_per_row=K.sketch_step_bytes(cores))
     if store is None:
         return out
     store.write_env(site + 1, start, out)
@@ -205,17 +204,6 @@ def pass1_block(env: Any, cores: list[Any], after: Any = None, *, site: int, sta
         store.mark_block_done(block)
         return None
     return out
-
-
-def _pieces(compute: Callable[[int, int], Any], rows: int) -> Callable[[int, int], Any]:
-    """``compute`` for :func:`_oom.halving` of ``rows`` rows: a piece of fewer makes its
-    products as :func:`_kernels.in_pieces` says."""
-    def piece(a: int, b: int) -> Any:
-        if b - a == rows:
-            return compute(a, b)
-        with K.in_pieces():
-            return compute(a, b)
-    return piece
 
 
 def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str,
@@ -228,8 +216,7 @@ def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str
         env = xp.asarray(store.read_env(site, start, stop))
     elif K.xp_of(env) is not xp:  # in host memory (``Plan.host_envs``), not fetched ahead
         env = _transfer.to_device(env)
-    rows = stop - start
-    return _oom.halving(_pieces(lambda a, b: K.sketch_piece(env[a:b], z), rows), rows, xp=xp,
+    return _oom.halving(lambda a, b: K.sketch_piece(env[a:b], z), stop - start, xp=xp,
                         run=run, step="sketch", site=site,
                         bytes_per_row=K.sketch_piece_bytes(env, z))
 
@@ -250,8 +237,7 @@ def project(cores: list[Any], env: Any | None, *, rows: tuple[int, ...] | None, 
             return K.project_core(cores, env)
         if not laid:  # cut into pieces: the cores laid out once for them all
             laid.append(K.laid_out_for_rows(cores, env))
-        with K.in_pieces():
-            return K.project_core(laid[0], env[a:b])
+        return K.project_core(laid[0], env[a:b])
 
     return _oom.halving(rows_of, rows, xp=K.xp_of(env), run=run, step="projection",
                         site=site, bytes_per_row=K.project_row_bytes(cores), axis=len(cores))
@@ -261,8 +247,7 @@ def update(eta: Any, zs: list[Any], *, site: int, run: str) -> Any:
     """:func:`_kernels.update_env`, in pieces of the rows of ``S_{j-1}`` if it does
     not fit in memory."""
     z = next(z for z in zs if z is not None)
-    rows = eta.shape[0]
-    return _oom.halving(_pieces(lambda a, b: K.update_env(eta[a:b], zs), rows), rows,
+    return _oom.halving(lambda a, b: K.update_env(eta[a:b], zs), eta.shape[0],
                         xp=K.xp_of(eta), run=run, step="update", site=site,
                         bytes_per_row=K.update_row_bytes(eta, z))
 
@@ -278,8 +263,7 @@ def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int,
     if eta.shape[0] == 0:  # an empty block (the product's rank is below the bound)
         return K.xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
     return _oom.halving(
-        _pieces(lambda a, b: K.partial_update(eta[a:b], z, None if env is None else env[a:b],
-                                              rows), eta.shape[0]),
+        lambda a, b: K.partial_update(eta[a:b], z, None if env is None else env[a:b], rows),
         eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
         bytes_per_row=K.update_row_bytes(eta, z))
 
