@@ -892,3 +892,44 @@ def test_the_pieces_of_a_cut_step_make_their_complex_products_natively(monkeypat
         cut = run()
     assert ways and "three" not in ways
     assert np.abs(cut - ref).max() <= 1e-13 * np.abs(ref).max()
+
+
+@pytest.mark.timeout(60)
+def test_projections_of_the_same_cores_at_once_share_one_layout(monkeypatch):
+    """Two projections of the same cores cut into rows at once (the tasks of a site on
+    one worker) lay the cores out once between them (a copy the size of a core each,
+    244 MiB for a D_M=1000 core), kept until the last of them ends; both give the
+    uncut result."""
+    from src_dask._graph import tasks
+
+    rng = np.random.default_rng(6)
+    shapes = [(3, 3, 2, 2), (30, 30, 2, 2)]
+    cores = [rng.standard_normal(s) + 1j * rng.standard_normal(s) for s in shapes]
+    env = rng.standard_normal((4, 3, 30)) + 1j * rng.standard_normal((4, 3, 30))
+    ref = K.project_core(cores, env)
+    made, layout, project_core = [], K.laid_out_for_rows, K.project_core
+    monkeypatch.setattr(K, "laid_out_for_rows", lambda c, e: made.append(1) or layout(c, e))
+    inside, go = threading.Event(), threading.Event()
+
+    def rows_only(cs, e):
+        if e.shape[0] > 1:
+            raise MemoryError("out of memory (simulated)")
+        if threading.current_thread() is not threading.main_thread() and not inside.is_set():
+            inside.set()  # the other projection holds its layout, in its first row
+            assert go.wait(10)
+        return project_core(cs, e)
+
+    monkeypatch.setattr(K, "project_core", rows_only)
+    monkeypatch.setattr(_oom, "_FITS", {})
+    out: dict = {}
+    other = threading.Thread(target=lambda: out.update(
+        first=tasks.project(cores, env, rows=None, site=3, run="shared")))
+    other.start()
+    assert inside.wait(10)
+    out["second"] = tasks.project(cores, env, rows=None, site=3, run="shared")
+    assert len(tasks._LaidOut._shared) == 1  # the first still holds it
+    go.set()
+    other.join(10)
+    assert made == [1] and tasks._LaidOut._shared == {}
+    for z in out.values():
+        assert np.abs(z - ref).max() <= 1e-13 * np.abs(ref).max()

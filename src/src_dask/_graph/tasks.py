@@ -224,23 +224,68 @@ def sketch_piece(env: Any, z: Any, *, site: int, start: int, stop: int, run: str
 def project(cores: list[Any], env: Any | None, *, rows: tuple[int, ...] | None, site: int,
             run: str) -> Any:
     """:func:`_kernels.project_core` (row block ``rows`` of ``S_j``, or all of it), in
-    pieces of rows if it does not fit in memory; None for an empty block."""
+    pieces of rows if it does not fit in memory; None for an empty block. Cut into
+    pieces, it reads its cores laid out for the rows (:class:`_LaidOut`)."""
     if env is not None and rows is not None:
         env = env[slice(*K.block_rows(env.shape[0], *rows))]
     if env is not None and env.shape[0] == 0:
         return None
-    rows = 1 if env is None else env.shape[0]  # S = 1: one row
-    laid: list[list[Any]] = []
+    n = 1 if env is None else env.shape[0]  # S = 1: one row
+    laid = _LaidOut(cores, env)
 
     def rows_of(a: int, b: int) -> Any:
-        if env is None or b - a == rows:
+        if env is None or b - a == n:
             return K.project_core(cores, env)
-        if not laid:  # cut into pieces: the cores laid out once for them all
-            laid.append(K.laid_out_for_rows(cores, env))
-        return K.project_core(laid[0], env[a:b])
+        return K.project_core(laid.cores(), env[a:b])
 
-    return _oom.halving(rows_of, rows, xp=K.xp_of(env), run=run, step="projection",
-                        site=site, bytes_per_row=K.project_row_bytes(cores), axis=len(cores))
+    try:
+        return _oom.halving(rows_of, n, xp=K.xp_of(env), run=run, step="projection",
+                            site=site, bytes_per_row=K.project_row_bytes(cores),
+                            axis=len(cores))
+    finally:
+        laid.release()
+
+
+class _LaidOut:
+    """A projection's cores laid out for its rows (``_kernels.laid_out_for_rows``), made
+    when its first piece asks and shared with the worker's other projections of the
+    same cores meanwhile: each copy is as large as a core (244 MiB for a D_M=1000 core
+    of physical dimension 4), and the tasks of a site that run at once on a worker are
+    given the same core. Kept while one of them runs, by the cores' identities (the
+    entry holds the cores, so those stay theirs)."""
+
+    _shared: dict[tuple[Any, ...], list[Any]] = {}  # key -> [laid-out cores, users, cores]
+    _lock = threading.Lock()
+
+    def __init__(self, cores: list[Any], env: Any | None):
+        self._cores, self._env = cores, env
+        self._key: tuple[Any, ...] | None = None
+        self._laid: list[Any] | None = None
+
+    def cores(self) -> list[Any]:
+        if self._laid is None:
+            key = (*map(id, self._cores), tuple(self._env.shape[1:]))
+            with self._lock:
+                entry = self._shared.get(key)
+                if entry is not None:
+                    entry[1] += 1
+            if entry is None:  # made outside the lock: an allocation may wait for memory
+                laid = K.laid_out_for_rows(self._cores, self._env)
+                with self._lock:
+                    entry = self._shared.setdefault(key, [laid, 0, self._cores])
+                    entry[1] += 1
+            self._key, self._laid = key, entry[0]
+        return self._laid
+
+    def release(self) -> None:
+        if self._key is None:
+            return
+        with self._lock:
+            entry = self._shared[self._key]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._shared[self._key]
+        self._key = self._laid = None
 
 
 def update(eta: Any, zs: list[Any], *, site: int, run: str) -> Any:
