@@ -814,7 +814,7 @@ for cs in (cores, laid):
     rows.append(K.project_core(cs, env[2:3]))
     peaks.append(tracemalloc.get_traced_memory()[1] - base)
     tracemalloc.stop()
-assert np.array_equal(rows[0], rows[1])
+assert np.abs(rows[0] - rows[1]).max() <= 1e-13 * np.abs(rows[0]).max()  # two layouts, two GEMMs
 print(*peaks)
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

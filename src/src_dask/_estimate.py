@@ -448,9 +448,7 @@ def _sketch_shapes(stack: Stack, j: int, sketch: int) -> tuple[tuple[int, ...], 
 
 
 def _project_eq(stack: Stack) -> str:
-    k = len(stack.factors)
-    a, b, x = K._symbols(k)
-    return ",".join(K._core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+    return K.project_eq(len(stack.factors))
 
 
 def _project_shapes(stack: Stack, j: int, rows: int) -> tuple[tuple[int, ...], ...]:

@@ -802,6 +802,13 @@ def _core_terms(k: int) -> list[str]:
     return [a[i] + b[i] + x[i] + x[i + 1] for i in range(k)]
 
 
+@lru_cache(maxsize=64)
+def project_eq(k: int) -> str:
+    """The einsum of :func:`project_core` at depth ``k``: the cores, then the rows of ``S``."""
+    a, b, x = _symbols(k)
+    return ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
+
+
 # -- input preparation ---------------------------------------------------------
 def prepare_core(block: Any, *, kind: str, site: int, n: int, transpose: bool, dtype: np.dtype,
                  check: bool, name: str, device: str = "cpu") -> Any:
@@ -884,8 +891,7 @@ def _project_row_bytes(cores: tuple[tuple[int, ...], ...], dtype: np.dtype, thre
     k = len(cores)
     a, b, x = _symbols(k)
     shapes = (*cores, (1,) + tuple(c[1] for c in cores))
-    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
-    steps, _ = _plan(eq, shapes)
+    steps, _ = _plan(project_eq(k), shapes)
     biggest = max((prod(spec[6]) for _, how, spec in steps if how == "matmul"), default=0)
     s_row = prod(shapes[-1])
     z_row = prod(c[0] for c in cores) * cores[0][2] * cores[-1][3]
@@ -914,7 +920,6 @@ def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None
     spilled in blocks, and its sketch and environment update are sums over them.
     """
     k = len(cores)
-    a, b, x = _symbols(k)
     xp = xp_of(cores[0])
     if env is None:
         env = xp.ones((1,) * (k + 1), dtype=cores[0].dtype)
@@ -923,9 +928,8 @@ def project_core(cores: list[Any], env: Any | None, rows: tuple[int, int] | None
         if lo == hi:
             return None
         env = env[lo:hi]
-    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
     # contiguous once here, not copied by the sketch's and the update's reshapes each
-    return xp.ascontiguousarray(contract(eq, *cores, env))
+    return xp.ascontiguousarray(contract(project_eq(k), *cores, env))
 
 
 def laid_out_for_rows(cores: list[Any], env: Any) -> list[Any]:
@@ -939,10 +943,8 @@ def laid_out_for_rows(cores: list[Any], env: Any) -> list[Any]:
     pieces of rows (``_oom.halving``) would copy it again for every piece; laid out
     once, every piece reads it in place."""
     k = len(cores)
-    a, b, x = _symbols(k)
-    eq = ",".join(_core_terms(k)) + f",r{b}->{a}r{x[0]}{x[k]}"
     row = (1,) + tuple(env.shape[1:])
-    steps, _ = _plan(eq, tuple(tuple(c.shape) for c in cores) + (row,))
+    steps, _ = _plan(project_eq(k), tuple(tuple(c.shape) for c in cores) + (row,))
     out, origin = list(cores), list(range(k + 1))
     for pos, how, spec in steps:
         picked = [origin[p] for p in pos]
