@@ -364,27 +364,34 @@ def _wait_for_tasks(nbytes: int) -> bool:
 
 
 def halving(compute: Callable[[int, int], Any], rows: int, *, xp: Any, run: str, step: str,
-            site: int, bytes_per_row: int, axis: int = 0) -> Any:
+            site: int, bytes_per_row: int, axis: int = 0, add_to: Any | None = None) -> Any:
     """``compute(0, rows)``, or the same computed in pieces of rows if it does not fit.
 
     ``compute(a, b)`` makes rows ``a:b`` of the output along ``axis``; ``step`` is
     the kind of step (a key of ``_UNITS``): the size that fits is shared by every
     step of that kind in the run ``run``. Pieces are written into one output buffer
     as they come, so a split step needs its inputs and output plus one piece's
-    temporaries.
+    temporaries. ``add_to``: pieces are added in place into this array, which is then
+    the result (a running sum the caller owns, never a task's input): no output is
+    allocated.
     """
-    out = _Output(xp, rows, axis)
+    out = _Output(xp, rows, axis, add_to)
     _in_pieces(compute, 0, rows, out, (run, step), site, bytes_per_row)
     return out.array
 
 
 class _Output:
-    """The step's result, allocated when its first piece arrives."""
+    """The step's result, allocated when its first piece arrives, or the array the
+    pieces are added into."""
 
-    def __init__(self, xp: Any, rows: int, axis: int):
-        self.xp, self.rows, self.axis, self.array = xp, rows, axis, None
+    def __init__(self, xp: Any, rows: int, axis: int, add_to: Any | None = None):
+        self.xp, self.rows, self.axis, self.array = xp, rows, axis, add_to
+        self.adding = add_to is not None
 
     def put(self, a: int, b: int, part: Any) -> None:
+        if self.adding:
+            self.array[(slice(None),) * self.axis + (slice(a, b),)] += part
+            return
         if a == 0 and b == self.rows:
             self.array = part
             return

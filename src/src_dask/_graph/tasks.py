@@ -298,15 +298,23 @@ def update(eta: Any, zs: list[Any], *, site: int, run: str) -> Any:
 
 
 def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int, ...],
-                   out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
+                   out: tuple[int, int] | None = None, site: int, run: str,
+                   in_place: bool = False) -> Any | None:
     """:func:`_kernels.partial_update`, in pieces of the rows of ``S_{j-1}`` if it does
-    not fit in memory."""
+    not fit in memory. ``in_place``: ``env`` is a running sum of the caller's own (not a
+    task's input), and the block's share is added into it rather than into a new
+    array: the product and one running sum are held, as the memory plan counts, not a
+    new sum beside them."""
     if z is None:
         return env
     if out is not None:
         eta = eta[slice(*K.block_rows(eta.shape[0], *out))]
     if eta.shape[0] == 0:  # an empty block (the product's rank is below the bound)
         return K.xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
+    if in_place and env is not None:
+        return _oom.halving(lambda a, b: K.partial_update(eta[a:b], z, None, rows),
+                            eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
+                            bytes_per_row=K.update_row_bytes(eta, z), add_to=env)
     return _oom.halving(
         lambda a, b: K.partial_update(eta[a:b], z, None if env is None else env[a:b], rows),
         eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
@@ -398,11 +406,13 @@ def project_sketch(cores: list[Any], env: Any | None, rows: tuple[int, int] | No
 
 def project_update(eta: Any, cores: list[Any], s: Any | None, s_rows: tuple[int, int] | None,
                    env: Any | None, *, rows: tuple[int, ...],
-                   out: tuple[int, int] | None = None, site: int, run: str) -> Any | None:
+                   out: tuple[int, int] | None = None, site: int, run: str,
+                   in_place: bool = False) -> Any | None:
     """:func:`partial_update` with row block ``rows`` of ``Z_j`` projected again
     (from ``s_rows`` of ``S_j``, or all of ``s``) instead of kept (``Plan.reproject``)."""
     z = project(cores, s, rows=s_rows, site=site, run=run)
-    return partial_update(eta, z, env, rows=rows, out=out, site=site, run=run)
+    return partial_update(eta, z, env, rows=rows, out=out, site=site, run=run,
+                          in_place=in_place)
 
 
 def project_update_all(eta: Any, cores: list[Any], sources: list[Any], *,
@@ -415,7 +425,7 @@ def project_update_all(eta: Any, cores: list[Any], sources: list[Any], *,
     env = None
     for b, (s, rows) in enumerate(zip(sources, s_rows, strict=True)):
         env = project_update(eta, cores, s, rows, env, rows=(b, len(sources), groups),
-                             out=out, site=site, run=run)
+                             out=out, site=site, run=run, in_place=True)
     return env
 
 
