@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import MutableMapping
 
 import numpy as np
@@ -786,6 +787,42 @@ def test_a_rescheduled_tasks_memory_comes_back_though_distributed_keeps_it_in_a_
     assert np.array_equal(out, np.ones((1, 2))) and _SIM["refused"] == [1, 1]
     assert list(_oom._RESCHEDULED.values()) == [1]  # given back once, then run
     assert _SIM["pool"].free == 1
+
+
+def test_a_given_back_tasks_memory_comes_free_before_the_event_loop_takes_its_exception(
+        monkeypatch):
+    """Until distributed's event loop takes a rescheduled task's exception, the frames
+    of its traceback hold the task's inputs and temporaries, and no collector frees
+    what is still referenced. An allocation on that loop (an input copied back to the
+    device for the next task) cannot wait for it: a D_M=1000 stack in a 3 GB pool
+    failed so, two tasks given back and none running. The next allocation that finds
+    memory short clears those frames of their variables: the memory comes free with
+    the exception still held, and with the collector off."""
+    import gc
+
+    import distributed
+
+    monkeypatch.setattr(_oom, "_GIVEN_BACK", weakref.WeakSet())
+    held = []
+
+    def a_task() -> None:
+        out = _oom._Output(np, 4, 0)
+        temporaries = np.ones(1000)
+        held.append(weakref.ref(temporaries))
+        raise _oom._give_back(out)
+
+    gc.disable()
+    try:
+        try:
+            a_task()
+        except Exception as err:  # noqa: BLE001 - the loop's message, not yet taken
+            taken_later = err
+        assert held[0]() is not None and len(_oom._GIVEN_BACK) == 1
+        assert _oom._collect_garbage(at_once=True)
+        assert held[0]() is None and not _oom._GIVEN_BACK
+        assert isinstance(taken_later, distributed.Reschedule)
+    finally:
+        gc.enable()
 
 
 def test_an_output_that_does_not_fit_in_a_rows_turn_names_the_site():

@@ -26,6 +26,7 @@ import gc
 import logging
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -387,6 +388,7 @@ class _Output:
     def __init__(self, xp: Any, rows: int, axis: int, add_to: Any | None = None):
         self.xp, self.rows, self.axis, self.array = xp, rows, axis, add_to
         self.adding = add_to is not None
+        self.given_back: BaseException | None = None  # the task's Reschedule
 
     def put(self, a: int, b: int, part: Any) -> None:
         if self.adding:
@@ -506,42 +508,66 @@ def _row_in_turn(compute, a: int, out: _Output, key: tuple[str, str], site: int,
         _TURN.release()
     # Out of the except clause, so that the out-of-memory error (and the row's
     # temporaries its traceback holds) does not go along as the context.
-    from distributed import Reschedule
-
     _count("rescheduled")
     log.warning("site %d, %s: one %s does not fit beside the other tasks; the task gives "
                 "its memory back and runs again later (%d of %d)", site, _step_name(key[1]),
                 _UNITS.get(key[1], "row"), tries, RESCHEDULES)
+    raise _give_back(out)
+
+
+def _give_back(out: _Output) -> BaseException:
+    """The ``distributed.Reschedule`` that ends a task to run it again later, its
+    output dropped and the task recorded as holding memory until its frames go
+    (:data:`_GIVEN_BACK`)."""
+    from distributed import Reschedule
+
     out.array = None
+    out.given_back = Reschedule()
     _GIVEN_BACK.add(out)
-    raise Reschedule()
+    return out.given_back
 
 
 #: The outputs of tasks that gave their memory back (``Reschedule``), while their
-#: frames live. distributed keeps a task's exception in a frame of the exception's
-#: own traceback, a reference cycle, so those frames keep holding the task's inputs
-#: until Python's cyclic garbage collector runs, which it does by count of objects,
-#: not of device bytes (a D_M=1000 stack in a 3 GB pool failed so, its pool full
-#: with no task running). :func:`_collect_garbage` frees them when memory is short.
+#: frames live: the frames of the exception's traceback hold the task's inputs and
+#: temporaries until distributed's event loop has taken the exception, and after
+#: that too, for distributed keeps the exception in a frame of its own traceback, a
+#: reference cycle, which Python's collector frees by count of objects, not of
+#: device bytes (a D_M=1000 stack in a 3 GB pool failed so, its pool full with no
+#: task running). :func:`_collect_garbage` frees them when memory is short.
 _GIVEN_BACK: weakref.WeakSet[Any] = weakref.WeakSet()
 _COLLECTED = [0.0]  # when it last collected
 
 
 def _collect_garbage(at_once: bool = False) -> bool:
-    """Whether collecting Python's reference cycles freed the frames of a task that
-    gave its memory back (:data:`_GIVEN_BACK`). It collects only while one has, and
-    (but ``at_once``, before an allocation fails for good) at most every 0.2 s:
-    until distributed has taken the task's exception, its cycle is not garbage yet."""
+    """Whether the memory of a task that gave it back (:data:`_GIVEN_BACK`) came
+    free: the finished frames of its exception are cleared of their variables, at
+    once, and what a reference cycle still holds is collected. Clearing needs no
+    event loop: an allocation on distributed's loop (an input copied back to the
+    device) that waited for the loop to take the exceptions would wait for itself
+    (a D_M=1000 stack in a 3 GB pool failed so, two tasks given back and none
+    running). It runs only while a task has given back, and (but ``at_once``,
+    before an allocation fails for good) at most every 0.2 s."""
     now = time.monotonic()
     if not _GIVEN_BACK or (not at_once and now - _COLLECTED[0] < 0.2):
         return False
     _COLLECTED[0] = now
     pending = set(map(id, _GIVEN_BACK))
-    gc.collect()
+    _clear_given_back_frames()
+    if pending & set(map(id, _GIVEN_BACK)):
+        gc.collect()
     freed = len(pending - set(map(id, _GIVEN_BACK)))
     if freed:
         log.info("freed what %d task(s) that gave their memory back still held", freed)
     return freed > 0
+
+
+def _clear_given_back_frames() -> None:
+    """Clear the variables of the frames that the given-back tasks' exceptions hold,
+    those that have finished (a frame still running, its thread unwinding, is left
+    for a later call; ``traceback.clear_frames``)."""
+    for out in list(_GIVEN_BACK):
+        if out.given_back is not None:
+            traceback.clear_frames(out.given_back.__traceback__)
 
 
 def _worker_task() -> Any:
