@@ -825,6 +825,28 @@ def test_a_given_back_tasks_memory_comes_free_before_the_event_loop_takes_its_ex
         gc.enable()
 
 
+def test_clearing_a_given_back_tasks_frames_leaves_a_suspended_generator_running(
+        monkeypatch):
+    """Only the frames of plain functions are cleared: clearing a suspended
+    generator's or coroutine's frame (one that caught the exception and waits, as an
+    event loop's coroutine may) would close it."""
+    monkeypatch.setattr(_oom, "_GIVEN_BACK", weakref.WeakSet())
+    out, caught = _oom._Output(np, 1, 0), []
+
+    def waits_holding_it():
+        try:
+            raise _oom._give_back(out)
+        except Exception as err:  # noqa: BLE001 - kept, as distributed keeps it
+            caught.append(err)
+        yield "waiting"
+        yield "resumed"
+
+    waiting = waits_holding_it()
+    assert next(waiting) == "waiting"
+    _oom._collect_garbage(at_once=True)
+    assert next(waiting) == "resumed"
+
+
 def test_an_output_that_does_not_fit_in_a_rows_turn_names_the_site():
     """The first row of a step cut into rows allocates the step's whole output; when
     that does not fit even in the row's turn it is the error that names the site (or,

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import logging
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -561,13 +561,23 @@ def _collect_garbage(at_once: bool = False) -> bool:
     return freed > 0
 
 
+#: Frames that clearing would not just empty but close (a generator's, a coroutine's).
+_SUSPENDABLE = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                | inspect.CO_ITERABLE_COROUTINE)
+
+
 def _clear_given_back_frames() -> None:
     """Clear the variables of the frames that the given-back tasks' exceptions hold,
-    those that have finished (a frame still running, its thread unwinding, is left
-    for a later call; ``traceback.clear_frames``)."""
+    those of plain functions that have finished (one still running, its thread
+    unwinding, is left for a later call; a generator's or coroutine's is left alone,
+    for clearing it would close it)."""
     for out in list(_GIVEN_BACK):
-        if out.given_back is not None:
-            traceback.clear_frames(out.given_back.__traceback__)
+        tb = out.given_back.__traceback__ if out.given_back is not None else None
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+                with contextlib.suppress(RuntimeError):  # still running
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
 
 
 def _worker_task() -> Any:
