@@ -311,14 +311,11 @@ def partial_update(eta: Any, z: Any | None, env: Any | None, *, rows: tuple[int,
         eta = eta[slice(*K.block_rows(eta.shape[0], *out))]
     if eta.shape[0] == 0:  # an empty block (the product's rank is below the bound)
         return K.xp_of(z).empty((0,) + tuple(z.shape[:z.ndim - 3]), dtype=z.dtype)
-    if in_place and env is not None:
-        return _oom.halving(lambda a, b: K.partial_update(eta[a:b], z, None, rows),
-                            eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
-                            bytes_per_row=K.update_row_bytes(eta, z), add_to=env)
+    into, base = (env, None) if in_place else (None, env)  # the sum added to, or made
     return _oom.halving(
-        lambda a, b: K.partial_update(eta[a:b], z, None if env is None else env[a:b], rows),
+        lambda a, b: K.partial_update(eta[a:b], z, None if base is None else base[a:b], rows),
         eta.shape[0], xp=K.xp_of(eta), run=run, step="update", site=site,
-        bytes_per_row=K.update_row_bytes(eta, z))
+        bytes_per_row=K.update_row_bytes(eta, z), add_to=into)
 
 
 def pass2_step(pieces: list[list[Any]], *args: Any, site: int, run: str, by_rows: bool = False,
