@@ -572,7 +572,7 @@ def _clear_given_back_frames() -> None:
     unwinding, is left for a later call; a generator's or coroutine's is left alone,
     for clearing it would close it)."""
     for out in list(_GIVEN_BACK):
-        tb = out.given_back.__traceback__ if out.given_back is not None else None
+        tb = out.given_back.__traceback__  # set by _give_back, which adds it here
         while tb is not None:
             if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
                 with contextlib.suppress(RuntimeError):  # still running
